@@ -1,0 +1,5 @@
+import sys
+
+from cortiq_drv.cli import main
+
+sys.exit(main())

@@ -1,0 +1,119 @@
+"""Every environment knob of the project, typed, read once (the only reader of `os.environ`).
+
+The CMF_* names and defaults are the reference's (`cuda_hybrid.rs`, `cuda_h3.rs`); the
+CORTIQ_DRV_* names are this port's own (cache locations). `get()` reads the environment the first
+time it is called, never at import; `reset()` makes the next `get()` read it again (tests).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _int(env, name: str, default: int | None) -> int | None:
+    v = env.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        return default
+
+
+def _flag(env, name: str, default: bool) -> bool:
+    """`NAME=1` on, `NAME=0` off, anything else the default (as the reference's `== Ok("1")`)."""
+    v = env.get(name)
+    if v == "1":
+        return True
+    if v == "0":
+        return False
+    return default
+
+
+@dataclass(frozen=True)
+class Knobs:
+    # Small-path graphs (`CMF_CUDA_GRAPH=0` launches directly).
+    cuda_graph: bool
+    # Stage times on stderr, each stage closed by a stream sync (`CMF_CUDA_PROF=1`).
+    cuda_prof: bool
+    # Graph counters and declines on stderr (`CMF_CUDA_DEBUG=1`).
+    cuda_debug: bool
+    # What the card holds, on stderr (`CMF_CUDA_MEM=1`).
+    cuda_mem: bool
+    # Ceiling in bytes on the process's footprint on the card (`CMF_GPU_VRAM_MB`), None: free memory.
+    vram_bytes: int | None
+    # The plan arena: one allocation for a plan's matrices (`CMF_HYB_ARENA=0` turns it off).
+    hyb_arena: bool
+    # Attention scratch sized for the K/V capacity rather than the keys seen (`CMF_HYB_KCAP=1`).
+    hyb_kcap: bool
+    # Kernel times of the N-th decode token, launched one by one (`CMF_HYB_KT=N`).
+    hyb_kt: int | None
+    # Prompt-path weight expansion band in bytes (`CMF_HYB_WD_MB`, default 64 MiB).
+    hyb_wd_bytes: int
+    # Query rows one attention GEMM pass takes at most (`CMF_HYB_ATT_ROWS`, >= 16, default 128).
+    hyb_att_rows: int
+    # Prompt chunks read past a seal on the card (`CMF_O1_CHUNKS=0`: none).
+    o1_chunks: bool
+    # Drafts over a far field (`CMF_O1_SPEC=0` turns them off).
+    o1_spec: bool
+    # H3: flash attention (`CMF_H3_FLASH=0` keeps the two-GEMM path).
+    h3_flash: bool
+    # H3: plane cache of the batched product, MiB (`CMF_CUDA_MM_CACHE_MB`).
+    mm_cache_mb: int | None
+    # Kernel compile cache directory (`CORTIQ_DRV_KERNEL_CACHE`).
+    kernel_cache: Path
+    # User cache: the embedded default model, derived tokenizer (`CORTIQ_DRV_CACHE`).
+    cache_dir: Path
+
+
+def _cache_root(env) -> Path:
+    explicit = env.get("CORTIQ_DRV_CACHE")
+    if explicit:
+        return Path(explicit)
+    xdg = env.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path(env.get("HOME") or Path.home()) / ".cache"
+    return base / "cortiq_drv"
+
+
+def _read(env) -> Knobs:
+    cache = _cache_root(env)
+    att = _int(env, "CMF_HYB_ATT_ROWS", 128)
+    vram = _int(env, "CMF_GPU_VRAM_MB", None)
+    kc = env.get("CORTIQ_DRV_KERNEL_CACHE")
+    return Knobs(
+        cuda_graph=env.get("CMF_CUDA_GRAPH") != "0",
+        cuda_prof=_flag(env, "CMF_CUDA_PROF", False),
+        cuda_debug=_flag(env, "CMF_CUDA_DEBUG", False),
+        cuda_mem=_flag(env, "CMF_CUDA_MEM", False),
+        vram_bytes=None if vram is None else vram << 20,
+        hyb_arena=env.get("CMF_HYB_ARENA") != "0",
+        hyb_kcap=_flag(env, "CMF_HYB_KCAP", False),
+        hyb_kt=_int(env, "CMF_HYB_KT", None),
+        hyb_wd_bytes=(_int(env, "CMF_HYB_WD_MB", 64) or 64) << 20,
+        hyb_att_rows=att if att is not None and att >= 16 else 128,
+        o1_chunks=env.get("CMF_O1_CHUNKS") != "0",
+        o1_spec=env.get("CMF_O1_SPEC") != "0",
+        h3_flash=env.get("CMF_H3_FLASH") != "0",
+        mm_cache_mb=_int(env, "CMF_CUDA_MM_CACHE_MB", None),
+        kernel_cache=Path(kc) if kc else cache / "kernels",
+        cache_dir=cache,
+    )
+
+
+_KNOBS: Knobs | None = None
+
+
+def get() -> Knobs:
+    """The knobs, read from the environment on the first call."""
+    global _KNOBS
+    if _KNOBS is None:
+        _KNOBS = _read(os.environ)
+    return _KNOBS
+
+
+def reset() -> None:
+    """Forget the knobs read so far: the next `get()` reads the environment again."""
+    global _KNOBS
+    _KNOBS = None
