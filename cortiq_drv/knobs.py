@@ -22,6 +22,15 @@ def _int(env, name: str, default: int | None) -> int | None:
         return default
 
 
+def _ints(env, name: str) -> tuple[int, ...] | None:
+    """A comma-separated list of integers; None when unset or malformed."""
+    v = env.get(name)
+    try:
+        return tuple(int(x) for x in v.split(",")) if v else None
+    except ValueError:
+        return None
+
+
 def _flag(env, name: str, default: bool) -> bool:
     """`NAME=1` on, `NAME=0` off, anything else the default (as the reference's `== Ok("1")`)."""
     v = env.get(name)
@@ -58,6 +67,16 @@ class Knobs:
     o1_chunks: bool
     # Drafts over a far field (`CMF_O1_SPEC=0` turns them off).
     o1_spec: bool
+    # Seal attention layers once a prompt reaches this many rows (`CMF_O1_SEAL_AT`; None: never).
+    o1_seal_at: int | None
+    # The attention layers a seal takes (`CMF_O1_LAYERS=3,7`; None: every attention layer).
+    o1_layers: tuple[int, ...] | None
+    # Far-field landmarks, window and sinks (`CMF_O1_M`, `CMF_O1_W`, `CMF_O1_SINK`: 32, 128, 4).
+    o1_m: int
+    o1_w: int
+    o1_sink: int
+    # Rectified far weights u = max(u, 0) (`CMF_O1_RECT=1`).
+    o1_rect: bool
     # H3: flash attention (`CMF_H3_FLASH=0` keeps the two-GEMM path).
     h3_flash: bool
     # H3: plane cache of the batched product, MiB (`CMF_CUDA_MM_CACHE_MB`).
@@ -66,6 +85,10 @@ class Knobs:
     kernel_cache: Path
     # User cache: the embedded default model, derived tokenizer (`CORTIQ_DRV_CACHE`).
     cache_dir: Path
+    # Host arm: bytes of decoded float32 weights it keeps (`CORTIQ_DRV_HOST_WEIGHT_MB`, 4096).
+    host_weight_bytes: int
+    # CUDA installs the cuBLAS loader searches (`CUDA_HOME`, then `CUDA_PATH`, when set).
+    cuda_homes: tuple[Path, ...]
 
 
 def _cache_root(env) -> Path:
@@ -95,10 +118,18 @@ def _read(env) -> Knobs:
         hyb_att_rows=att if att is not None and att >= 16 else 128,
         o1_chunks=env.get("CMF_O1_CHUNKS") != "0",
         o1_spec=env.get("CMF_O1_SPEC") != "0",
+        o1_seal_at=_int(env, "CMF_O1_SEAL_AT", None),
+        o1_layers=_ints(env, "CMF_O1_LAYERS"),
+        o1_m=_int(env, "CMF_O1_M", 32) or 32,
+        o1_w=_int(env, "CMF_O1_W", 128) or 128,
+        o1_sink=max(_int(env, "CMF_O1_SINK", 4) or 0, 0),
+        o1_rect=_flag(env, "CMF_O1_RECT", False),
         h3_flash=env.get("CMF_H3_FLASH") != "0",
         mm_cache_mb=_int(env, "CMF_CUDA_MM_CACHE_MB", None),
         kernel_cache=Path(kc) if kc else cache / "kernels",
         cache_dir=cache,
+        host_weight_bytes=max(_int(env, "CORTIQ_DRV_HOST_WEIGHT_MB", 4096) or 0, 1) << 20,
+        cuda_homes=tuple(Path(env[k]) for k in ("CUDA_HOME", "CUDA_PATH") if env.get(k)),
     )
 
 

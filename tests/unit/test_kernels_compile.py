@@ -1,0 +1,47 @@
+"""Every kernel file compiles with NVRTC for sm_80 and sm_90 with no -D defines (compile-only,
+no GPU needed); `source` inlines sibling headers once each."""
+
+import pytest
+
+from cortiq_drv.cu import nvrtc
+from cortiq_drv.errors import CortiqError, NvrtcError
+from cortiq_drv.kernels import kernel_files, source
+
+
+@pytest.fixture(scope="module")
+def _nvrtc():
+    try:
+        nvrtc.nvrtc_version()
+    except NvrtcError as e:
+        pytest.skip(f"NVRTC cannot be loaded: {e}")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name", kernel_files())
+def test_kernel_compiles(_nvrtc, name, arch):
+    src = source(name)
+    cubin, log = nvrtc.compile_program(src, nvrtc.options_for((), arch), name)
+    assert cubin.startswith(b"\x7fELF"), log
+
+
+def test_basic_cu_is_among_the_kernel_files():
+    assert "basic.cu" in kernel_files()
+
+
+def test_source_inlines_common_once():
+    text = source("basic.cu")
+    assert '#include "common.cuh"' not in text
+    assert text.count("// begin common.cuh") == 1
+    assert "f32_to_bf16" in text
+
+
+def test_missing_source_is_an_error():
+    with pytest.raises(CortiqError, match="no_such.cu"):
+        source("no_such.cu")
+
+
+def test_line_markers_point_back_at_the_including_file():
+    # basic.cu includes common.cuh on its line 2, so the text after it is line 3 of basic.cu
+    text = source("basic.cu")
+    assert '#line 1 "common.cuh"' in text
+    assert '#line 3 "basic.cu"' in text
