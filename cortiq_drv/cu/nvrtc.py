@@ -81,16 +81,18 @@ def compile_program(src: str, options, name: str = "cortiq.cu") -> tuple[bytes, 
         opts = [o.encode() for o in options]
         err = nv.nvrtcCompileProgram(prog, len(opts), opts)[0]
         size = _ok(nv, nv.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        log = b" " * size
+        # A fresh writable buffer: NVRTC writes into it, and `b" " * 1` would be CPython's shared
+        # one-byte bytes object (writing there corrupts every b" " in the process).
+        log = bytearray(size)
         _ok(nv, nv.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
-        log_text = log.rstrip(b"\0 ").decode(errors="replace")
+        log_text = bytes(log).rstrip(b"\0 ").decode(errors="replace")
         if err != nv.nvrtcResult.NVRTC_SUCCESS:
             raise NvrtcError(f"nvrtcCompileProgram {name} ({' '.join(options)}): "
                              f"{nv.nvrtcGetErrorString(err)[1].decode()}", log_text)
         size = _ok(nv, nv.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         _ok(nv, nv.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return cubin, log_text
+        return bytes(cubin), log_text
     finally:
         nv.nvrtcDestroyProgram(prog)
 
