@@ -1,0 +1,318 @@
+"""The generation engine: open a CMF, pick an arm, prefill in chunks, decode, speculate with the
+MTP block's drafts, seal attention layers into far fields past a prompt length.
+
+`Engine.open(path, device="auto"|"cpu"|"cuda")`; `logits(ids)`; `generate(prompt or ids, ...)`
+streams `Token`s; `chat(messages, ...)` renders a chat and generates. The host arm (`HostModel`)
+runs everything; the CUDA arm is not wired in yet, so `device="cuda"` raises `NoDevice` and
+"auto" takes the host arm (`device_reason` says why).
+
+Speculation (the reference's speculative rounds): after each emitted token the MTP block drafts
+k tokens; the tip and its drafts go through one verify window; row i's token is chosen exactly as
+a plain decode step would choose it (same sampler, same history, one draw each) and the drafts are
+kept up to the first that differs. So the output is the same with and without drafts, greedy or
+seeded, up to the float32 rounding a window's rows share with a one-row step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence as Seq
+
+import numpy as np
+
+from cortiq_drv import knobs
+from cortiq_drv.chat import ChatTemplate, stop_ids as header_stop_ids
+from cortiq_drv.errors import CortiqError, NoDevice
+from cortiq_drv.graph import GraphAttn
+from cortiq_drv.host import HostModel, Sequence
+from cortiq_drv.nystrom import FarLayer
+from cortiq_drv.sampling import GREEDY, Sampler, Sampling
+
+# Qwen3.5: the embedding has 248320 rows, ids from 248077 on are padding (TOKENIZER.md).
+QWEN35_ROWS = 248320
+QWEN35_REAL = 248077
+# Prompt rows one host call takes.
+PROMPT_CHUNK = 256
+# The longest verify window (the reference's NMAX): the tip and 15 drafts.
+MAX_WINDOW = 16
+
+
+@dataclass(frozen=True)
+class FarSettings:
+    """When and how the engine seals attention layers into far fields (the O1 settings):
+    `seal_at` prompt rows (None: never), the layer indices (None: every attention layer),
+    landmarks m, window w, sinks, rectified far weights."""
+
+    seal_at: int | None = None
+    layers: tuple[int, ...] | None = None
+    m: int = 32
+    w: int = 128
+    sink: int = 4
+    rect_fm: bool = False
+
+    @classmethod
+    def from_knobs(cls) -> FarSettings:
+        k = knobs.get()
+        return cls(k.o1_seal_at, k.o1_layers, k.o1_m, k.o1_w, k.o1_sink, k.o1_rect)
+
+
+@dataclass
+class Counters:
+    """Work done by the engine's last `generate` call."""
+
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+    drafts_proposed: int = 0
+    drafts_accepted: int = 0
+    verify_rounds: int = 0
+    sealed_layers: tuple = ()
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token: its id and the text it completes (empty while a UTF-8 character is
+    still open, or when the engine generates ids without text)."""
+
+    id: int
+    text: str = ""
+
+
+@dataclass
+class _Run:
+    """One generation's moving parts: the sequence, the sampler, the ids so far, the last row's
+    logits and residual (the MTP block's input)."""
+
+    seq: Sequence
+    sampler: Sampler
+    history: list
+    logits: np.ndarray
+    hidden: np.ndarray
+
+
+class Engine:
+    """A model opened for generation on one arm (only the host arm exists so far)."""
+
+    def __init__(self, model: HostModel, *, device: str, device_reason: str,
+                 far: FarSettings | None = None, chunk: int = PROMPT_CHUNK):
+        self.model = model
+        self.device = device
+        self.device_reason = device_reason
+        self.far = far if far is not None else FarSettings.from_knobs()
+        self.chunk = chunk
+        self.counters = Counters()
+        header = model.cmf.header
+        self.tokenizer_config = header.get("tokenizer_config") or {}
+        self.stop_ids = header_stop_ids(self.tokenizer_config)
+        self._tokenizer = None
+
+    @classmethod
+    def open(cls, path, device: str = "auto", **kw) -> Engine:
+        """Open the CMF at `path` on `device`: "cpu" (the host arm), "cuda" (not available yet:
+        raises NoDevice), "auto" (the host arm, `device_reason` says why)."""
+        path = Path(path)
+        if not path.is_file():
+            raise CortiqError(f"{path}: no such model file")
+        if device == "cuda":
+            raise NoDevice("the engine's CUDA arm is not available yet in cortiq_drv; "
+                           "use device='cpu' (the host arm)")
+        if device not in ("auto", "cpu"):
+            raise CortiqError(f"device {device!r}: expected 'auto', 'cpu' or 'cuda'")
+        reason = ("asked for the host arm" if device == "cpu"
+                  else "the engine's CUDA arm is not available yet: running on the host arm")
+        return cls(HostModel.open(path), device="cpu", device_reason=reason, **kw)
+
+    # -- vocabulary -----------------------------------------------------------------------------
+
+    @property
+    def vocab(self) -> int:
+        """Rows of the LM head (logits per row)."""
+        return self.model.vocab
+
+    @property
+    def context(self) -> int:
+        """The context limit in positions (0: none)."""
+        return self.model.graph.max_positions
+
+    @property
+    def tokenizer(self):
+        """The file's tokenizer.json, else the Qwen3.5 tokenizer (loaded on first use)."""
+        if self._tokenizer is None:
+            from cortiq_drv.tokenizer import Tokenizer
+
+            data = self.model.cmf.vocab
+            self._tokenizer = Tokenizer.from_json(data, "the model's vocab section") if data \
+                else Tokenizer.qwen35()
+        return self._tokenizer
+
+    @property
+    def valid(self) -> int:
+        """Ids [0, valid) can be sampled; the rest are padding rows of the head."""
+        if self.model.cmf.vocab:
+            return min(self.vocab, self.tokenizer.vocab_size)
+        return QWEN35_REAL if self.vocab == QWEN35_ROWS else self.vocab
+
+    def encode(self, prompt: str | Seq[int]) -> list[int]:
+        """Token ids of a prompt (text through the tokenizer), checked against the vocabulary."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        if not ids:
+            raise CortiqError("empty prompt: nothing to generate from")
+        bad = [i for i in ids if not 0 <= i < self.vocab]
+        if bad:
+            raise CortiqError(f"token id {bad[0]} is not in the vocabulary [0, {self.vocab})")
+        if self.context and len(ids) > self.context:
+            raise CortiqError(f"the prompt has {len(ids)} tokens, past the context limit of "
+                              f"{self.context}")
+        return ids
+
+    # -- prompt ---------------------------------------------------------------------------------
+
+    def new_sequence(self) -> Sequence:
+        """An empty sequence; its attention layers keep their queries when a seal may come."""
+        return self.model.new_sequence(keep_queries=self.far.seal_at is not None)
+
+    def _seal_layers(self) -> list[int]:
+        layers = [i for i, l in enumerate(self.model.graph.layers) if isinstance(l.attn, GraphAttn.Full)]
+        if self.far.layers is None:
+            return layers
+        bad = [i for i in self.far.layers if i not in layers]
+        if bad:
+            raise CortiqError(f"far field: layer {bad[0]} is not an attention layer (those are {layers})")
+        return list(self.far.layers)
+
+    def _seal(self, seq: Sequence) -> tuple:
+        """Seal the chosen attention layers from the rows so far (their queries included)."""
+        f = self.far
+        sealed = self._seal_layers()
+        for i in sealed:
+            k, v, q = seq.kv[i].rows()
+            seq.kv[i] = FarLayer.seal(k, v, q, prefill=seq.pos, m=f.m, w=f.w, sink=f.sink,
+                                      scale=self.model.graph.scale, rect_fm=f.rect_fm)
+        return tuple(sealed)
+
+    def prefill(self, seq: Sequence, ids: list[int], head: str = "last"):
+        """The prompt rows in chunks (one cut at `far.seal_at`, where the layers are sealed);
+        returns the last chunk's `HostRows`."""
+        cuts = set(range(self.chunk, len(ids), self.chunk))
+        seal_at = self.far.seal_at
+        if seal_at is not None and seq.pos < seal_at <= seq.pos + len(ids):
+            cuts.add(seal_at - seq.pos)
+        bounds = [0] + sorted(c for c in cuts if 0 < c < len(ids)) + [len(ids)]
+        out = []
+        for a, b in zip(bounds, bounds[1:]):
+            out.append(self.model.run(seq, ids[a:b], head=head))
+            if seal_at is not None and seq.pos == seal_at:
+                self.counters.sealed_layers = self._seal(seq)
+        if head == "all":
+            out[-1].logits = np.concatenate([r.logits for r in out])
+        return out[-1]
+
+    def logits(self, ids: Seq[int]) -> np.ndarray:
+        """float32 [len(ids), vocab]: the logits at every position of `ids` from a fresh sequence."""
+        ids = self.encode(list(ids))
+        self.counters = Counters()
+        return np.ascontiguousarray(self.prefill(self.new_sequence(), ids, "all").logits,
+                                    dtype=np.float32)
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def generate(self, prompt: str | Seq[int], max_tokens: int = 128, sampling: Sampling = GREEDY,
+                 stop_ids: Seq[int] | None = None, spec_k: int = 0,
+                 text: bool | None = None) -> Iterator[Token]:
+        """Stream up to `max_tokens` tokens after `prompt` (text or ids). Generation ends at a stop
+        id (emitted; default the file's `eos_token_ids`), at max_tokens, or at the context limit.
+        `spec_k` > 0 drafts that many tokens a round with the MTP block. `text`: decode tokens to
+        text (default: when the prompt is text). The arguments are checked here, the work starts
+        at the first token asked for."""
+        if spec_k and self.model.graph.mtp is None:
+            raise CortiqError("speculative decoding needs an MTP block; this model has none")
+        if not 0 <= spec_k < MAX_WINDOW:
+            raise CortiqError(f"spec_k {spec_k}: 0 to {MAX_WINDOW - 1} drafts a round")
+        if max_tokens < 1:
+            raise CortiqError(f"max_tokens {max_tokens}: at least 1")
+        ids = self.encode(prompt)
+        stops = set(self.stop_ids if stop_ids is None else stop_ids)
+        stream = self.tokenizer.stream() if (isinstance(prompt, str) if text is None else text) else None
+        return self._stream(ids, max_tokens, Sampler(sampling, self.valid), stops, spec_k, stream)
+
+    def _stream(self, ids, max_tokens, sampler, stops, spec_k, stream) -> Iterator[Token]:
+        """`generate`'s work: the prompt, then the tokens with their text, timed."""
+        self.counters = c = Counters()
+        t0 = time.perf_counter()
+        seq = self.new_sequence()
+        rows = self.prefill(seq, ids)
+        c.prompt_tokens, c.prompt_s = len(ids), time.perf_counter() - t0
+        run = _Run(seq, sampler, list(ids), rows.logits[-1], rows.hidden[-1])
+        t0 = time.perf_counter()
+        for n, tok in enumerate(self._tokens(run, max_tokens, stops, spec_k)):
+            # the first token comes from the prompt's last row: decode speed counts the rest
+            c.decode_tokens, c.decode_s = n, time.perf_counter() - t0
+            yield Token(tok, (stream.step(tok) or "") if stream is not None else "")
+
+    def _tokens(self, run: _Run, max_tokens: int, stops: set, spec_k: int) -> Iterator[int]:
+        """Token ids: the first from the prompt's last row, then one decode step or one speculative
+        round after each, until a stop id, max_tokens or the context limit."""
+        tip = run.sampler(run.logits, run.history)
+        pending = [tip]
+        n = 0
+        while True:
+            for tok in pending:
+                run.history.append(tok)
+                n += 1
+                yield tok
+                if tok in stops or n >= max_tokens:
+                    return
+            if self.context and run.seq.pos >= self.context:
+                return
+            k = min(spec_k, max_tokens - n)
+            if self.context:
+                k = min(k, self.context - run.seq.pos - 1)
+            if k > 0:
+                pending = self._round(run, tip, k)
+            else:
+                rows = self.model.run(run.seq, [tip], head="all")
+                run.hidden = rows.hidden[0]
+                pending = [run.sampler(rows.logits[0], run.history)]
+            tip = pending[-1]
+
+    def _round(self, run: _Run, tip: int, k: int) -> list[int]:
+        """One speculative round after `tip`: k drafts, one verify window, greedy acceptance.
+        Returns the accepted drafts and then the next tip (the token the first rejected row, or
+        the last row, chooses); the sequence keeps the tip's row and the accepted drafts' rows."""
+        seq, c = run.seq, self.counters
+        drafts = self.model.mtp_draft(seq, run.hidden, tip, seq.pos, k, rows=self.valid)
+        rows = self.model.run(seq, [tip] + drafts, head="all", window=True)
+        c.drafts_proposed += k
+        c.verify_rounds += 1
+        history = list(run.history)
+        out = []
+        for i, d in enumerate(drafts):
+            out.append(run.sampler(rows.logits[i], history))
+            if out[-1] != d:
+                break
+            c.drafts_accepted += 1
+            history.append(d)
+        else:
+            out.append(run.sampler(rows.logits[k], history))
+        seq.accept(len(out))
+        run.hidden = rows.hidden[len(out) - 1]
+        return out
+
+    def chat(self, messages: list[dict], *, enable_thinking: bool = True, tools=None,
+             **gen) -> Iterator[Token]:
+        """Render `messages` with the file's chat template (or the built-in Qwen3.5 one) and
+        generate the assistant's turn; keyword arguments go to `generate`."""
+        tpl = ChatTemplate.from_config(self.tokenizer_config, self.tokenizer)
+        prompt = tpl.render(messages, enable_thinking=enable_thinking, tools=tools)
+        return self.generate(prompt, **gen)
