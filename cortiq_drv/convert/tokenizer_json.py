@@ -14,11 +14,10 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from .. import knobs
+from ..atomic import write_atomic
 from ..errors import ConvertError
 
 # The Qwen3.5 pre-tokenizer split; unlike Qwen2/3 it keeps combining marks (\p{M}) inside words.
@@ -157,20 +156,6 @@ def derive(tokens: list[bytes]) -> dict:
     }
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same folder and a rename, so a reader
-    (or a second process deriving at the same time) never sees a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def qwen35_json_bytes() -> bytes:
     """The derived Qwen3.5 `tokenizer.json`, serialised (what a CMF vocab section holds)."""
     obj = derive(read_ranks(rank_file()))
@@ -182,5 +167,5 @@ def cached_path(refresh: bool = False) -> Path:
     (or when `refresh`, e.g. after a cached copy failed to load)."""
     path = knobs.get().cache_dir / CACHE_NAME
     if refresh or not path.is_file():
-        _write_atomic(path, qwen35_json_bytes())
+        write_atomic(path, qwen35_json_bytes())
     return path

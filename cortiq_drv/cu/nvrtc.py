@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from cortiq_drv import knobs
+from cortiq_drv.atomic import write_atomic
 from cortiq_drv.cu import driver
 from cortiq_drv.errors import NvrtcError
 
@@ -97,18 +96,6 @@ def compile_program(src: str, options, name: str = "cortiq.cu") -> tuple[bytes, 
         nv.nvrtcDestroyProgram(prog)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def compile_cubin(src: str, defines=(), arch: str = "sm_90", extra=()) -> bytes:
     """CUBIN for `src` on `arch`, from the disk cache when this exact compile ran before."""
     options = options_for(defines, arch, extra)
@@ -123,7 +110,7 @@ def compile_cubin(src: str, defines=(), arch: str = "sm_90", extra=()) -> bytes:
         data = b""
     if not data.startswith(_ELF):
         data, _ = compile_program(src, options)
-        _write_atomic(path, data)
+        write_atomic(path, data)
     _memo[key] = data
     return data
 
