@@ -1,0 +1,257 @@
+"""The tensor-core matvec of the small path: job tables (`HyJob`), `MmaSet` (`mmaset`,
+`mmaset_pair`, `mmaset_kind`), `Planes`, `split`, `MmaSet.run`, `rows_matvec` (ports of
+cuda_hybrid.rs), and `MmaFuncs`, the kernels of hyb.cu they launch.
+
+Arithmetic contract (kernels/hyb_mma.cuh): a row's outputs are the same bits whatever number of
+rows the call carries and whichever of the TB variants runs; only KS (warps splitting a tile's
+groups) changes them, and it depends on the matrices alone (`ks16`), never on n.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cortiq_drv.cu import Buf
+from cortiq_drv.cu.args import kargs
+from cortiq_drv.errors import CortiqError
+
+# Rows of the small path (the reference's NMAX).
+NMAX = 16
+# Weight kinds: q4tp (FORMAT.md "Graph weight kinds"), and the flag of a gate/up pair.
+KIND_Q4TP = 6
+KIND_PAIR = 0x100
+
+# `struct HyJob` of kernels/hyb_mma.cuh (56 bytes, natural alignment).
+HYJOB = np.dtype([("w", "<u8"), ("aux0", "<u8"), ("aux1", "<u8"), ("y", "<u8"), ("res", "<u8"),
+                  ("rows", "<i4"), ("kind", "<i4"), ("blk0", "<i4"), ("ystride", "<i4")])
+
+
+# Each warp's cp.async ring in hy_mmp: HY_STAGES stages of HY_STAGE bytes (kernels/hyb_mma.cuh;
+# the kernel traps when launched with less dynamic shared memory).
+RING_STAGES = 16
+STAGE_BYTES = 544
+# Registers and threads an SM holds (sm_80, sm_90).
+_SM_REGS = 65536
+_SM_THREADS = 2048
+
+
+def ring_bytes(ks: int) -> int:
+    """Dynamic shared memory of an hy_mmp launch with `ks` warps."""
+    return ks * RING_STAGES * STAGE_BYTES
+
+
+def blocks_per_sm(ctx, f, threads: int, dyn_smem: int) -> int:
+    """Blocks of `f` an SM holds at once (registers, shared memory, threads)."""
+    warps = threads // 32
+    regs_warp = -(-f.attr("NUM_REGS") * 32 // 256) * 256
+    by_regs = _SM_REGS // (regs_warp * warps)
+    by_smem = (ctx.smem_optin + 1024) // (f.attr("SHARED_SIZE_BYTES") + dyn_smem + 1024)
+    return max(1, min(by_regs, by_smem, _SM_THREADS // threads))
+
+
+class MmaFuncs:
+    """The weight-side kernels of one loaded hyb.cu module: `mmp[NT - 1][TB - 1][KS == 16]`,
+    `split`, `rmsnorm2`, `repack` (the matching fields of the reference's `HFuncs`), and
+    `grid_cap`, the blocks each hy_mmp variant keeps resident on the whole card (its grid walks
+    the work items, so a launch never needs more)."""
+
+    def __init__(self, ctx, module):
+        self.mmp = [[[module.func(f"hy_mmp_{nt}_{tb}_{ks}") for ks in (8, 16)] for tb in (1, 2)]
+                    for nt in (1, 2)]
+        self.grid_cap = [[[0, 0], [0, 0]], [[0, 0], [0, 0]]]
+        for nt in (1, 2):
+            for tb in (1, 2):
+                for ki, ks in enumerate((8, 16)):
+                    f = self.mmp[nt - 1][tb - 1][ki]
+                    f.allow_smem(ring_bytes(ks))
+                    bps = blocks_per_sm(ctx, f, 32 * ks, ring_bytes(ks))
+                    self.grid_cap[nt - 1][tb - 1][ki] = bps * ctx.sm_count
+        self.split = module.func("hy_split")
+        self.rmsnorm2 = module.func("hy_rmsnorm2")
+        self.repack = module.func("hy_repack")
+
+
+def load_funcs(ctx, hpk: int = 4, hd: int = 256) -> MmaFuncs:
+    """Compile (disk-cached) and load hyb.cu for an attention geometry; its weight-side kernels."""
+    from cortiq_drv.cu.nvrtc import compile_cubin, load
+    from cortiq_drv.kernels import source
+
+    cubin = compile_cubin(source("hyb.cu"), {"HPK": hpk, "HD": hd}, ctx.arch)
+    return MmaFuncs(ctx, load(ctx, cubin))
+
+
+@dataclass(frozen=True)
+class Planes:
+    """The row planes a tensor-core launch reads: three bf16 parts of each f32 (`put3`), `stride`
+    elements a row. A gate/up pair's output is read as `Planes(hi, lo, lo, stride)`."""
+
+    p0: int
+    p1: int
+    p2: int
+    stride: int
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One matrix of a launch: `mat` (a repacked DevMat), output `y`, residual `res` (0: none),
+    the output's row stride and the rows to compute (the reference's JobSpec tuple)."""
+
+    mat: object
+    y: int
+    res: int
+    ystride: int
+    rows: int
+
+
+def _ptr(x) -> int:
+    return int(getattr(x, "ptr", x) or 0)
+
+
+def job_table(list_, kind: int, tb: int) -> tuple[np.ndarray, int]:
+    """The HyJob records of `list_` for `tb` tiles a block, and the blocks they take."""
+    jobs = np.zeros(len(list_), dtype=HYJOB)
+    blk = 0
+    for i, s in enumerate(list_):
+        m = s.mat
+        jobs[i] = (_ptr(m.w), _ptr(m.aux0), _ptr(m.aux1), _ptr(s.y), _ptr(s.res), s.rows, kind,
+                   blk, s.ystride)
+        ntile = -(-s.rows // 16)
+        blk += -(-ntile // tb)
+    return jobs, blk
+
+
+def set_rules(rows: list[int]) -> tuple[bool, bool]:
+    """(ks16, tb1) of a launch over matrices of these row counts (`mmaset_kind_`): ks16: 16 warps
+    a tile (KS 16) under 16 384 rows, 8 from there (the reference's 3090 rule; on the H200 KS 16
+    wins on the 9B down, 24.2 against 37.1 us at one row, KS 8 on 8k-row q by 8%); tb1: one tile
+    a block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes the arithmetic, and
+    it depends on the matrices alone.
+
+    The reference's third rule, tb1_n1 (one tile a block for one-row calls of 12 288 rows or
+    more, against a launch's tail), is not kept: hy_mmp's grid walks its work items, so there is
+    no tail to save, and on the H200 TB 1 lost at one row (9B gate/up 55.0 against 45.5 us, head
+    473 against 372 us)."""
+    return max(rows) < 16384, max(rows) <= 2048
+
+
+def variant(n: int, ks16: bool, tb1: bool) -> tuple[int, int, int]:
+    """(NT, TB, KS) of a call with `n` rows: NT 1 up to 8 rows, 2 up to 16."""
+    if not 1 <= n <= NMAX:
+        raise CortiqError(f"hy_mmp: {n} rows, the small path takes 1..{NMAX}")
+    return 1 if n <= 8 else 2, 1 if tb1 else 2, 16 if ks16 else 8
+
+
+class MmaSet:
+    """One launch's q4tp matrices: job tables for one and two tiles a block and the choices the
+    reference's `MmaSet` makes (`mmaset_kind`)."""
+
+    def __init__(self, ctx, list_, kind: int):
+        if not list_:
+            raise CortiqError("mmaset: no matrices")
+        for s in list_:
+            m = s.mat
+            if m.kind != KIND_Q4TP or m.cols % 32:
+                raise CortiqError("a tensor-core job over a matrix that is not repacked q4tp")
+            if not 0 < s.rows <= m.rows:
+                raise CortiqError(f"mmaset: {s.rows} rows of a {m.rows}-row matrix")
+        if len({s.mat.cols for s in list_}) != 1:
+            raise CortiqError("mmaset: matrices of one launch must share their width")
+        self.cols = list_[0].mat.cols
+        self.n = len(list_)
+        tables = [job_table(list_, kind, tb) for tb in (1, 2)]
+        self.jobs = [t for t, _ in tables]
+        self.blocks = [b for _, b in tables]
+        self.bufs = [Buf.from_array(ctx, t) for t in self.jobs]
+        self.ks16, self.tb1 = set_rules([s.rows for s in list_])
+        self._args = {}
+
+    def variant(self, n: int) -> tuple[int, int, int]:
+        """(NT, TB, KS) of a call with `n` rows (`MmaSet::run`'s choice)."""
+        return variant(n, self.ks16, self.tb1)
+
+    def run(self, ctx, fx, p: Planes, cols: int, n: int) -> None:
+        """The call's `n` rows of x (as planes) through every matrix (`MmaSet::run`)."""
+        if cols != self.cols or p.stride % 2:
+            raise CortiqError(f"hy_mmp: planes {cols} wide (stride {p.stride}) for matrices "
+                              f"{self.cols} wide (an even stride)")
+        self.launch(ctx, fx, p, n, *self.variant(n))
+
+    def launch(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int) -> None:
+        """Launch `hy_mmp_{nt}_{tb}_{ks}` over the set (tests and benchmarks pick variants; the
+        arithmetic depends on `ks` alone)."""
+        if n > 8 * nt:
+            raise CortiqError(f"hy_mmp_{nt}_*: at most {8 * nt} rows, got {n}")
+        key = (tb, p, n)
+        args = self._args.get(key)
+        if args is None:
+            args = kargs("QiQQQiii", self.bufs[tb - 1], self.n, p.p0, p.p1, p.p2, p.stride, n,
+                         self.cols)
+            self._args[key] = args
+        ki = int(ks == 16)
+        grid = min(self.blocks[tb - 1], fx.grid_cap[nt - 1][tb - 1][ki])
+        ctx.launch(fx.mmp[nt - 1][tb - 1][ki], (grid, 1), 32 * ks, ring_bytes(ks), args)
+
+    def close(self) -> None:
+        for b in self.bufs:
+            b.close()
+
+
+def mmaset(ctx, list_) -> MmaSet:
+    """Plain / residual jobs (`mmaset`): `list_` of JobSpec."""
+    return MmaSet(ctx, list_, KIND_Q4TP)
+
+
+def mmaset_pair(ctx, m, p0, p1, pstride: int) -> MmaSet:
+    """One gate/up pair (see `hmat_pair`) whose output silu(gate) * up is written as the bf16
+    planes p0 (hi) and p1 (half the rest), `pstride` a row (`mmaset_pair`)."""
+    return MmaSet(ctx, [JobSpec(m, _ptr(p0), _ptr(p1), pstride, m.rows)], KIND_Q4TP | KIND_PAIR)
+
+
+def mmaset_kind(ctx, list_, kind: int) -> MmaSet:
+    """`mmaset` with an explicit job kind (`mmaset_kind`)."""
+    return MmaSet(ctx, list_, kind)
+
+
+def split(ctx, fx, p: Planes, x, xstride: int, cols: int, n: int) -> None:
+    """x [n][xstride] f32, its first `cols` columns, into the planes (`split`)."""
+    args = kargs("QiiQQQii", x, xstride, cols, p.p0, p.p1, p.p2, p.stride, n)
+    ctx.launch(fx.split, (-(-(n * cols) // 256), 1), 256, 0, args)
+
+
+def rmsnorm2(ctx, fx, x, w, xf, hidden: int, eps: float, gemma: bool, p: Planes, n: int) -> None:
+    """Rows x [n][hidden] f32 RMS-normalised by w [hidden] (`1 + w` when `gemma`) into the planes
+    and, when `xf` is given, into xf [n][hidden] f32 (`hy_rmsnorm2`)."""
+    args = kargs("QQQifiQQQi", x, w, xf, hidden, eps, int(gemma), p.p0, p.p1, p.p2, p.stride)
+    ctx.launch(fx.rmsnorm2, (-(-hidden // 1024), n), 256, 0, args)
+
+
+def rows_matvec(ctx, fx, m, x: np.ndarray) -> np.ndarray:
+    """y [n][rows] = W x [n][cols] on the card for a repacked q4tp DevMat, NMAX rows a launch
+    (`rows_matvec`): every row as in a one-row call."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != m.cols:
+        raise CortiqError(f"rows_matvec: rows of width {m.cols}, got shape {x.shape}")
+    n, cols, rows = x.shape[0], m.cols, m.rows
+    y = np.empty((n, rows), dtype=np.float32)
+    bufs = [Buf.new(ctx, NMAX * cols * 4), Buf.new(ctx, NMAX * rows * 4)]
+    bufs += [Buf.new(ctx, NMAX * cols * 2) for _ in range(3)]
+    xin, yout, p0, p1, p2 = bufs
+    try:
+        ms = mmaset(ctx, [JobSpec(m, yout.ptr, 0, rows, rows)])
+        try:
+            planes = Planes(p0.ptr, p1.ptr, p2.ptr, cols)
+            for r0 in range(0, n, NMAX):
+                k = min(NMAX, n - r0)
+                xin.upload(x[r0:r0 + k])
+                split(ctx, fx, planes, xin, cols, cols, k)
+                ms.run(ctx, fx, planes, cols, k)
+                yout.download_async(y[r0:r0 + k])
+                ctx.sync()
+        finally:
+            ms.close()
+    finally:
+        for b in bufs:
+            b.close()
+    return y

@@ -1,0 +1,314 @@
+// Gated full attention of the small path (the reference's hy_qk, hy_scores, hy_values, hy_finish),
+// docs/MODEL.md "Gated full attention", plus the head's helpers (hy_argmax, hy_embed_gather,
+// hy_to_half). Compiled per geometry: HPK query heads per KV head, HD the head width (hyb.cu).
+//
+// The call record (one a layer, 8 int words, uploaded before every call so a recorded graph reads
+// the current one): [0] n0 = mirror rows before the call, [1] the mirror row of the call's first
+// row, [2] rb = keys a block, [3] ncap = the scratch's keys a head (a multiple of 4096), [4] nbcap =
+// key blocks a head in the scratch, [5] far: 1 when block nbcap - 1 holds the far field's part
+// (its maximum, P and E written between hy_scores and hy_values), [6] the far field's ring row,
+// [7] any keys far. With ci == 0 the kernels take n0, slot0, rb, ncap, nbcap from their arguments
+// and no far part.
+//
+// Row r of a call (0 <= r < n) sees the mirror rows 0 .. n0 + r (keys = n0 + r + 1), split into
+// blocks of rb keys; block b of row r exists when b * rb < keys. Scratch layouts (f32):
+//   S  [n][nh][ncap]        scaled scores of row r, head h, key t
+//   Mx [n][nh][nbcap]       each block's maximum score
+//   P  [n][nbcap][nh][HD]   sum over the block's keys of exp(s - M) v, M the row's maximum
+//   E  [n][nbcap][nh]       sum over the block's keys of exp(s - M)
+// A row's sums depend on its own keys and rb only, in a fixed order: never on n.
+
+// HD / 32 consecutive f16 values from p (2 * HD / 32-byte aligned) as f32, in vector loads.
+__device__ __forceinline__ void att_load_h(const f16* p, float* out) {
+    const int E = HD / 32;
+    if (E == 8) {
+        uint4 u = *(const uint4*)p;
+        unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            out[2 * e] = f16_to_f32((u16)(w[e] & 0xFFFF));
+            out[2 * e + 1] = f16_to_f32((u16)(w[e] >> 16));
+        }
+    } else if (E == 4) {
+        uint2 u = *(const uint2*)p;
+        out[0] = f16_to_f32((u16)(u.x & 0xFFFF));
+        out[1] = f16_to_f32((u16)(u.x >> 16));
+        out[2] = f16_to_f32((u16)(u.y & 0xFFFF));
+        out[3] = f16_to_f32((u16)(u.y >> 16));
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) out[e] = f16_to_f32(p[e]);
+    }
+}
+
+// hy_qk: per row, q/k RMSNorm, partial rotary, output-gate split, and the K/V rows into the mirror.
+//   block u < nh (query head u): x = q[r][u*(gated ? 2*HD : HD) + d]; when qn: x = x / sqrt(mean(x^2)
+//     + eps) * (gemma ? 1 + qn : qn); rotary; qg[r][u][d] = x (and q16 as f16 when q16 != 0);
+//     gated: gate[r][u][d] = q[r][u*2*HD + HD + d] (raw; hy_finish takes the sigmoid).
+//   block nh + g (KV head g): k the same with kn; kp[slot + r][g][d] = f16(k), vp[..] = f16(v).
+//   Rotary on d < 2*half, split-half: with (sn, cs) = tab[r][j], j < half,
+//     (x[j], x[j+half]) -> (x[j] cs - x[j+half] sn, x[j+half] cs + x[j] sn).
+// Pointers: q [n][qs] f32; k, v [n][kvs] f32 (KV head g at g*HD); qn, kn [HD] f32 or 0; qg, gate
+// [n][nh][HD] f32 out; kp, vp f16 mirrors [rows][nkv][HD]; tab [n][half][2] f32 (sin, cos); ci the
+// call record (slot = ci[1]) or 0 (slot = slot0); q16 [n][nh][HD] f16 out or 0.
+// Grid (nh + nkv, n), block HD threads (HD a multiple of 32).
+extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const float* v, int kvs, const float* qn,
+                                 const float* kn, float* qg, float* gate, f16* kp, f16* vp, const float* tab, int nh,
+                                 int nkv, int half, float eps, int gemma, int gated, int slot0, int n, const int* ci,
+                                 f16* q16) {
+    __shared__ float red[32];
+    __shared__ float xs[HD];
+    const int r = blockIdx.y, u = blockIdx.x, d = threadIdx.x;
+    if (r >= n) return;
+    const int slot = ci ? ci[1] : slot0;
+    const bool isq = u < nh;
+    const float* src = isq ? q + (size_t)r * qs + (size_t)u * (gated ? 2 * HD : HD) : k + (size_t)r * kvs + (u - nh) * HD;
+    const float* nw = isq ? qn : kn;
+    float x = src[d];
+    if (nw) {
+        const float ms = hy_block_sum(x * x, red) / (float)HD;
+        x = x / sqrtf(ms + eps) * (gemma ? 1.0f + nw[d] : nw[d]);
+    }
+    if (half > 0) {
+        xs[d] = x;
+        __syncthreads();
+        if (d < 2 * half) {
+            const int j = d < half ? d : d - half;
+            const float sn = tab[((size_t)r * half + j) * 2], cs = tab[((size_t)r * half + j) * 2 + 1];
+            x = d < half ? xs[d] * cs - xs[d + half] * sn : xs[d] * cs + xs[d - half] * sn;
+        }
+    }
+    if (isq) {
+        const size_t at = ((size_t)r * nh + u) * HD + d;
+        qg[at] = x;
+        if (gated) gate[at] = src[HD + d];
+        if (q16) q16[at] = f32_to_f16(x);
+    } else {
+        const int g = u - nh;
+        const size_t at = ((size_t)(slot + r) * nkv + g) * HD + d;
+        kp[at] = f32_to_f16(x);
+        vp[at] = f32_to_f16(v[(size_t)r * kvs + g * HD + d]);
+    }
+}
+
+// hy_scores: S[r][h][t] = scale * (qg[r][h] . k_t) for the keys t of block b = r0 + blockIdx.x of
+// row r = blockIdx.z, the HPK query heads h of KV head g = blockIdx.y; Mx[r][h][b] = their maximum.
+// One key a warp: lane l takes dims [l*HD/32, (l+1)*HD/32), a warp butterfly adds them.
+// Pointers: qg [n][nh][HD] f32; kp f16 mirror [rows][nkv][HD]; S, Mx scratch (header); ci or 0.
+// Grid (ATTN_NBLK, nkv, n): blocks past the row's keys leave. Block 256 threads. r0: the first key
+// block the grid stands for (0 on the small path).
+extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, float* Mx, int n0, int r0, int nkv,
+                                     float scale, int rb, int ncap, int nbcap, int n, const int* ci) {
+    __shared__ float qsm[HPK][HD];
+    __shared__ float wm[8][HPK];
+    if (ci) {
+        n0 = ci[0];
+        rb = ci[2];
+        ncap = ci[3];
+        nbcap = ci[4];
+    }
+    const int r = blockIdx.z, g = blockIdx.y, b = r0 + blockIdx.x;
+    const int keys = n0 + r + 1, t0 = b * rb;
+    if (r >= n || t0 >= keys) return;
+    const int t1 = min(t0 + rb, keys), nh = nkv * HPK;
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    const int E = HD / 32;
+    for (int x = threadIdx.x; x < HPK * HD; x += blockDim.x) qsm[x / HD][x % HD] = qg[((size_t)r * nh + g * HPK) * HD + x];
+    __syncthreads();
+    float m[HPK];
+#pragma unroll
+    for (int i = 0; i < HPK; ++i) m[i] = __int_as_float(0xff800000);
+    for (int t = t0 + w; t < t1; t += 8) {
+        float kf[E];
+        att_load_h(kp + ((size_t)t * nkv + g) * HD + l * E, kf);
+#pragma unroll
+        for (int i = 0; i < HPK; ++i) {
+            float p = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) p += qsm[i][l * E + e] * kf[e];
+            const float s = warp_sum(p) * scale;
+            m[i] = fmaxf(m[i], s);
+            if (l == (i & 31)) S[((size_t)r * nh + g * HPK + i) * ncap + t] = s;
+        }
+    }
+    if (l == 0) {
+#pragma unroll
+        for (int i = 0; i < HPK; ++i) wm[w][i] = m[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < HPK) {
+        float mm = wm[0][threadIdx.x];
+        for (int x = 1; x < 8; ++x) mm = fmaxf(mm, wm[x][threadIdx.x]);
+        Mx[((size_t)r * nh + g * HPK + threadIdx.x) * nbcap + b] = mm;
+    }
+}
+
+// hy_values: for block b = r0 + blockIdx.x of row r = blockIdx.z, KV head g = blockIdx.y, each of
+// its HPK heads h: M = max over the row's blocks of Mx (and the far block when the record says),
+// P[r][b][h][d] = sum_t exp(S[r][h][t] - M) v_t[d], E[r][b][h] = sum_t exp(S[r][h][t] - M), keys
+// in ascending order, each sum by one thread. Keys go through shared memory 64 at a time.
+// Pointers: vp f16 mirror [rows][nkv][HD]; S, Mx in, P, E out (header); ci or 0.
+// Grid (ATTN_NBLK, nkv, n), block 256 threads. Assumes HD <= 256: 256 / HD threads share a dim,
+// each taking every (256 / HD)-th head.
+extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16* vp, float* P, float* E, int n0, int r0,
+                                     int nkv, int rb, int ncap, int nbcap, int n, const int* ci) {
+    const int TPD = 256 / HD, NI = (HPK + TPD - 1) / TPD;
+    __shared__ float pm[HPK][64];
+    __shared__ float mx[HPK];
+    int far = 0;
+    if (ci) {
+        n0 = ci[0];
+        rb = ci[2];
+        ncap = ci[3];
+        nbcap = ci[4];
+        far = ci[5];
+    }
+    const int r = blockIdx.z, g = blockIdx.y, b = r0 + blockIdx.x, t = threadIdx.x;
+    const int keys = n0 + r + 1, nb = (keys + rb - 1) / rb;
+    if (r >= n || b >= nb) return;
+    const int nh = nkv * HPK, d = t % HD, grp = t / HD;
+    if (t < HPK) {
+        const float* mrow = Mx + ((size_t)r * nh + g * HPK + t) * nbcap;
+        float mm = mrow[0];
+        for (int x = 1; x < nb; ++x) mm = fmaxf(mm, mrow[x]);
+        if (far) mm = fmaxf(mm, mrow[nbcap - 1]);
+        mx[t] = mm;
+    }
+    const float* srow = S + ((size_t)r * nh + g * HPK) * ncap;
+    const int t1 = min((b + 1) * rb, keys);
+    float acc[NI];
+#pragma unroll
+    for (int x = 0; x < NI; ++x) acc[x] = 0.0f;
+    float esum = 0.0f;
+    for (int c0 = b * rb; c0 < t1; c0 += 64) {
+        const int cn = min(64, t1 - c0);
+        __syncthreads();  // mx written; pm free again
+        for (int x = t; x < HPK * 64; x += blockDim.x) {
+            const int i = x / 64, tt = x % 64;
+            pm[i][tt] = tt < cn ? expf(srow[(size_t)i * ncap + c0 + tt] - mx[i]) : 0.0f;
+        }
+        __syncthreads();
+        if (t < HPK)
+            for (int tt = 0; tt < cn; ++tt) esum += pm[t][tt];
+        if (grp < TPD) {
+            for (int tt = 0; tt < cn; ++tt) {
+                const float vv = f16_to_f32(vp[((size_t)(c0 + tt) * nkv + g) * HD + d]);
+#pragma unroll
+                for (int x = 0; x < NI; ++x)
+                    if (grp + x * TPD < HPK) acc[x] += pm[grp + x * TPD][tt] * vv;
+            }
+        }
+    }
+    const size_t pb = ((size_t)r * nbcap + b) * nh + g * HPK;
+    if (grp < TPD) {
+#pragma unroll
+        for (int x = 0; x < NI; ++x)
+            if (grp + x * TPD < HPK) P[(pb + grp + x * TPD) * HD + d] = acc[x];
+    }
+    if (t < HPK) E[pb + t] = esum;
+}
+
+// hy_finish: out[r][h][d] = (sum_b P[r][b][h][d]) / (sum_b E[r][b][h]) over the row's blocks in
+// order (then the far block when the record says), times sigmoid(gate[r][h][d]) when gate != 0,
+// into the planes: put3 at row r, column h*HD + d.
+// Pointers: P, E scratch (header); gate [n][nh][HD] f32 or 0; p0, p1, p2 [n][ps] bf16 out; ci or 0.
+// Grid (nh, n), block 256 threads.
+extern "C" __global__ void hy_finish(const float* P, const float* E, const float* gate, bf16* p0, bf16* p1, bf16* p2,
+                                     int ps, int n0, int rb, int nh, int nbcap, const int* ci) {
+    int far = 0;
+    if (ci) {
+        n0 = ci[0];
+        rb = ci[2];
+        nbcap = ci[4];
+        far = ci[5];
+    }
+    const int r = blockIdx.y, h = blockIdx.x;
+    const int nb = (n0 + r + 1 + rb - 1) / rb;
+    const float* er = E + (size_t)r * nbcap * nh + h;
+    float den = 0.0f;
+    for (int b = 0; b < nb; ++b) den += er[(size_t)b * nh];
+    if (far) den += er[(size_t)(nbcap - 1) * nh];
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        const float* pr = P + ((size_t)r * nbcap * nh + h) * HD + d;
+        float num = 0.0f;
+        for (int b = 0; b < nb; ++b) num += pr[(size_t)b * nh * HD];
+        if (far) num += pr[(size_t)(nbcap - 1) * nh * HD];
+        float y = num / den;
+        if (gate) y = y * sigmoidf_(gate[((size_t)r * nh + h) * HD + d]);
+        put3(p0, p1, p2, (size_t)r * ps + h * HD + d, y);
+    }
+}
+
+// hy_argmax: out[off + r] = the index of the largest of logits[r][0 .. rows), the lowest index
+// among equals (NaN never wins; a row of NaN gives 0). Pointers: logits [b][stride] f32; out i32.
+// Grid (b, 1), block 1024 threads.
+extern "C" __global__ void hy_argmax(const float* logits, int rows, int stride, int* out, int off) {
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    const float* x = logits + (size_t)blockIdx.x * stride;
+    float best = __int_as_float(0xff800000);
+    int idx = 0x7fffffff;
+    for (int c = threadIdx.x; c < rows; c += blockDim.x) {
+        const float v = x[c];
+        if (v > best || (v == best && c < idx)) {
+            best = v;
+            idx = c;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > best || (ov == best && oi < idx)) {
+            best = ov;
+            idx = oi;
+        }
+    }
+    if ((threadIdx.x & 31) == 0) {
+        bv[threadIdx.x >> 5] = best;
+        bi[threadIdx.x >> 5] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
+        if (bv[w] > best || (bv[w] == best && bi[w] < idx)) {
+            best = bv[w];
+            idx = bi[w];
+        }
+    }
+    out[off + blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
+}
+
+// hy_embed_gather: out[c] = row tok[j] of a q4tp matrix in the tensor-core layout (hy_repack's):
+//   weight (r, c) = (nibble - 8) * exp2(lo_r + code(r, c/32) * step_r), with, for tile T = r/16,
+//   i = r%16, group g = c/32, k = c%32, byte B = k/2 of the row's group (q = B/4, tig = B%4):
+//   nibble = tiles[((T*gpr + g)*32 + lane)*2 + q/2] >> (4*m + 16*(k&1)) & 15, lane = (i%8)*4 + tig,
+//   m = 2*(q%2) + (i >= 8); code = codes[(T*gpr + g)*16 + i]; (lo, step) = lad[r].
+// A token outside [0, rows) gives a zero row. Pointers: tiles u32, codes u8, lad [rows][2] f32,
+// tok i32 (token tok[j]), out [hidden] f32. Grid (ceil(hidden/256), 1), block 256. hidden % 32 == 0.
+extern "C" __global__ void hy_embed_gather(const u32* tiles, const unsigned char* codes, const float* lad, int rows,
+                                           int hidden, const int* tok, int j, float* out) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= hidden) return;
+    const int r = tok[j];
+    if (r < 0 || r >= rows) {
+        out[c] = 0.0f;
+        return;
+    }
+    const int gpr = hidden / 32, g = c / 32, k = c % 32, i = r % 16;
+    const size_t tg = (size_t)(r / 16) * gpr + g;
+    const int q = k / 8, tig = (k / 2) % 4;
+    const int lane = (i % 8) * 4 + tig, m = 2 * (q % 2) + (i >= 8);
+    const u32 word = tiles[(tg * 32 + lane) * 2 + q / 2];
+    const int nib = (word >> (4 * m + 16 * (k & 1))) & 15;
+    const float code = (float)codes[tg * 16 + i];
+    // no contraction: lo + code * step rounded as the host's float32 arithmetic rounds it
+    out[c] = (float)(nib - 8) * exp2f(__fadd_rn(lad[2 * r], __fmul_rn(code, lad[2 * r + 1])));
+}
+
+// hy_to_half: dst[i] = f16(src[i]) (round to nearest even) for i < count. Pointers: src f32, dst
+// f16. Grid (ceil(count/256), 1), block 256.
+extern "C" __global__ void hy_to_half(const float* src, f16* dst, u64 count) {
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) dst[i] = f32_to_f16(src[i]);
+}

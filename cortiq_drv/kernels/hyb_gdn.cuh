@@ -1,0 +1,276 @@
+// Gated DeltaNet kernels of the small path (the reference's hy_gdn_*), docs/MODEL.md "Gated
+// DeltaNet" in this order: front (conv over the ring + SiLU, q/k L2 norms, gates), scan (delta rule
+// over the window's rows, conv ring moved), out32 (gated RMSNorm into the matvec planes), and the
+// restore kernels a verify window's partial acceptance runs.
+//
+// Shared layouts (f32, row-major, one layer):
+//   raw   [n][qs]          the in_proj_qkv rows [q (nk*dk) | k (nk*dk) | v (nv*dv)], cdim = 2*nk*dk + nv*dv
+//   ring  [kk-1][cdim]     the last kk-1 raw rows, oldest first (the host state's leading part)
+//   taps  [cdim][kk]       conv1d weights; tap kk-1 multiplies the current row
+//   cq    [n][cdim]        front's output: q (L2-normed, times 1/sqrt(dk)) | k (L2-normed) | v (SiLU)
+//   gb    [n][2*nv]        front's gates: [decay = exp(g) (nv) | beta (nv)]
+//   S     [nv][dk][dv]     the delta-rule state, S[h][i][j] (i over the key, j over the value)
+//   o     [n][nv*dv]       the scan's output rows
+// Value head h reads key head h / (nv / nk). Every reduction runs in a fixed order that depends
+// only on the block shape, never on n: a window's row i is the one-row step at that position, bit
+// for bit, and a restore replays the same arithmetic.
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order: a butterfly in
+// each warp, then every thread adds the warps' sums in warp order. red: __shared__ float[32].
+// Every thread of the block must call it. (hyb_attn.cuh uses it too.)
+__device__ __forceinline__ float hy_block_sum(float v, float* red) {
+    v = warp_sum(v);
+    __syncthreads();  // red may still be read by a previous call
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += red[w];
+    return s;
+}
+
+// The conv ring after n more raw rows: ring'[j] = ([src (kk-1 rows) ; raw (n rows)])[n + j], for
+// channel c. dst may equal src: row j reads row n + j > j, which no earlier step has written.
+__device__ __forceinline__ void gdn_ring_move(float* dst, const float* src, const float* raw, int qs,
+                                              int n, int cdim, int kk, int c) {
+    if (c >= cdim) return;
+    for (int j = 0; j < kk - 1; ++j) {
+        int m = n + j;
+        dst[(size_t)j * cdim + c] = m < kk - 1 ? src[(size_t)m * cdim + c] : raw[(size_t)(m - (kk - 1)) * qs + c];
+    }
+}
+
+// hy_gdn_front: conv + SiLU + L2 norms of one row's head-wide channel unit, or one gate.
+//   unit u < cdim/dk of row r: y[c] = silu(sum_j taps[c][j] * x_{r-kk+1+j}[c]) for the unit's dk
+//     channels (x_m = raw row m of the window, or ring row kk-1+m when m < 0); q and k units are
+//     L2-normed over dk (y / sqrt(sum y^2 + 1e-6)), q units then times 1/sqrt(dk); -> cq[r].
+//   unit cdim/dk + h (h < nv): a = xn[r] . aw[h]; g = -exp(a_log[h]) * softplus(a + dt_bias[h]);
+//     gb[r][h] = exp(g).  Unit cdim/dk + nv + h: gb[r][nv + h] = sigmoid(xn[r] . bw[h]).
+// Pointers: qkv [n][qs] f32; ring [kk-1][cdim] f32 (unused when kk == 1); taps [cdim][kk] f32;
+//   cq [n][cdim] f32 out; xn [n][hidden] f32 (the normed rows); aw, bw [nv][hidden] f32 (the f32
+//   in_proj_a / in_proj_b); a_log, dt_bias [nv] f32; gb [n][2*nv] f32 out.
+// Grid (cdim/dk + 2*nv, n), block max(dk, 64) threads (a multiple of 32). Assumes cdim % dk == 0
+// (dv == dk) and dk <= 1024. Reads the ring, does not move it (the scan does, after).
+extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* ring, const float* taps, float* cq,
+                                        int n, int cdim, int kk, int nk, int dk, const float* xn, int hidden,
+                                        const float* aw, const float* bw, const float* a_log,
+                                        const float* dt_bias, float* gb, int nv) {
+    __shared__ float red[32];
+    const int r = blockIdx.y, u = blockIdx.x, t = threadIdx.x;
+    const int units = cdim / dk;
+    if (r >= n) return;
+    if (u < units) {
+        const int c = u * dk + t;
+        const bool on = t < dk;
+        float acc = 0.0f;
+        if (on) {
+            for (int j = 0; j < kk; ++j) {
+                int m = r - (kk - 1) + j;
+                float x = m >= 0 ? qkv[(size_t)m * qs + c] : ring[(size_t)(kk - 1 + m) * cdim + c];
+                acc += taps[(size_t)c * kk + j] * x;
+            }
+        }
+        float y = on ? siluf_(acc) : 0.0f;
+        if (u < 2 * nk) {
+            float ss = hy_block_sum(y * y, red);
+            y = y / sqrtf(ss + 1e-6f);
+            if (u < nk) y = y * (1.0f / sqrtf((float)dk));
+        }
+        if (on) cq[(size_t)r * cdim + c] = y;
+        return;
+    }
+    const int h = (u - units) % nv;
+    const bool is_b = u - units >= nv;
+    const float* w = (is_b ? bw : aw) + (size_t)h * hidden;
+    const float* x = xn + (size_t)r * hidden;
+    float p = 0.0f;
+    for (int c = t; c < hidden; c += blockDim.x) p += x[c] * w[c];
+    float dot = hy_block_sum(p, red);
+    if (t != 0) return;
+    if (is_b) {
+        gb[(size_t)r * 2 * nv + nv + h] = sigmoidf_(dot);
+    } else {
+        float g = -expf(a_log[h]) * softplusf_(dot + dt_bias[h]);
+        gb[(size_t)r * 2 * nv + h] = expf(g);
+    }
+}
+
+// The two scans below run, for each row and each value column j of head h,
+//   S = decay * S; kv = k . S[:, j]; delta = (v_j - kv) * beta; S[:, j] += k * delta; o_j = q . S[:, j]
+// with the state's key rows split over threads as each describes.
+
+// The column scan (dk = 128): 32 value columns of one head a block of 128 threads; thread (warp w,
+// lane l) holds S[h][32w .. 32w+31][j0 + l] in registers over every row; the four warps' partial
+// sums meet in shared memory, added in warp order.
+__device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, const float* s_in, float* s_out,
+                                          float* save, float* o, int n, int cdim, int nv, int nk, int dv,
+                                          int blk) {
+    const int DK = 128;
+    __shared__ float kq[2][2][DK];  // [row parity][k | q][i]
+    __shared__ float red[2][4][32];  // [kv | o][warp][lane]
+    const int t = threadIdx.x, w = t >> 5, l = t & 31;
+    const int h = blk / (dv / 32), j = (blk % (dv / 32)) * 32 + l;
+    const int hk = h / (nv / nk);
+    const size_t base = ((size_t)h * DK + w * 32) * dv + j;
+    float s[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = s_in[base + (size_t)i * dv];
+    if (save) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) save[base + (size_t)i * dv] = s[i];
+    }
+    for (int r = 0; r < n; ++r) {
+        const float* row = cq + (size_t)r * cdim;
+        float(*kb)[DK] = kq[r & 1];
+        kb[0][t] = row[nk * DK + hk * DK + t];
+        kb[1][t] = row[hk * DK + t];
+        const float decay = gb[(size_t)r * 2 * nv + h], beta = gb[(size_t)r * 2 * nv + nv + h];
+        const float v = row[2 * nk * DK + h * dv + j];
+        __syncthreads();
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            s[i] = decay * s[i];
+            p += kb[0][w * 32 + i] * s[i];
+        }
+        red[0][w][l] = p;
+        __syncthreads();
+        const float kv = red[0][0][l] + red[0][1][l] + red[0][2][l] + red[0][3][l];
+        const float d = (v - kv) * beta;
+        float q = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            s[i] = s[i] + kb[0][w * 32 + i] * d;
+            q += kb[1][w * 32 + i] * s[i];
+        }
+        red[1][w][l] = q;
+        __syncthreads();
+        if (o && w == 0) o[(size_t)r * nv * dv + h * dv + j] = red[1][0][l] + red[1][1][l] + red[1][2][l] + red[1][3][l];
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s_out[base + (size_t)i * dv] = s[i];
+}
+
+// The warp scan (any dk a multiple of 32 up to 256): one value column a warp, lane l holding key
+// rows l, l + 32, ...; the sums are warp butterflies.
+__device__ __forceinline__ void gdn_cols1(const float* cq, const float* gb, const float* s_in, float* s_out,
+                                          float* o, int n, int cdim, int nv, int nk, int dk, int dv, int col) {
+    if (col >= nv * dv) return;
+    const int l = threadIdx.x & 31, nr = dk / 32;
+    const int h = col / dv, j = col % dv, hk = h / (nv / nk);
+    const size_t base = ((size_t)h * dk + l) * dv + j;
+    float s[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s[e] = e < nr ? s_in[base + (size_t)e * 32 * dv] : 0.0f;
+    for (int r = 0; r < n; ++r) {
+        const float* row = cq + (size_t)r * cdim;
+        const float* kr = row + nk * dk + hk * dk + l;
+        const float* qr = row + hk * dk + l;
+        const float decay = gb[(size_t)r * 2 * nv + h], beta = gb[(size_t)r * 2 * nv + nv + h];
+        float p = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            if (e < nr) {
+                s[e] = decay * s[e];
+                p += kr[e * 32] * s[e];
+            }
+        }
+        const float d = (row[2 * nk * dk + h * dv + j] - warp_sum(p)) * beta;
+        float q = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            if (e < nr) {
+                s[e] = s[e] + kr[e * 32] * d;
+                q += qr[e * 32] * s[e];
+            }
+        }
+        q = warp_sum(q);
+        if (o && l == 0) o[(size_t)r * nv * dv + h * dv + j] = q;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+        if (e < nr) s_out[base + (size_t)e * 32 * dv] = s[e];
+}
+
+// hy_gdn_scan4: the delta rule over the window's n rows (dk = 128), then the conv ring moved.
+// Blocks x < nv*dv/32: gdn_cols4 over cq / gb, S updated in place, o [n][nv*dv] written; when
+// save != 0 the state the window starts from is copied there first (the tape's state copy).
+// Blocks x >= nv*dv/32 (ceil(cdim/128) of them, only when kk > 1): channel (x - nv*dv/32)*128 + t
+// of the ring moved past the window's raw rows qkv [n][qs].
+// Pointers: cq [n][cdim], gb [n][2*nv], S [nv][128][dv] (in/out), o [n][nv*dv] out, ring
+// [kk-1][cdim] (in/out, 0 when kk == 1), qkv [n][qs], save [nv][128][dv] or 0; all f32.
+// Grid (nv*dv/32 + ring blocks, 1), block 128. Assumes dv % 32 == 0, nv % nk == 0.
+extern "C" __global__ void hy_gdn_scan4(const float* cq, const float* gb, float* S, float* o, int n, int cdim,
+                                        int nv, int nk, int dv, float* ring, const float* qkv, int qs, int kk,
+                                        float* save) {
+    const int nsb = nv * dv / 32;
+    if ((int)blockIdx.x < nsb) {
+        gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, blockIdx.x);
+    } else if (ring) {
+        gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nsb) * 128 + threadIdx.x);
+    }
+}
+
+// hy_gdn_scan: hy_gdn_scan4 for any dk (a multiple of 32, at most 256): 8 value columns a block,
+// one a warp (gdn_cols1), and no state copy (the host copies S for a tape). Blocks x >=
+// ceil(nv*dv/8) (ceil(cdim/256) of them, only when kk > 1) move the ring.
+// Pointers as hy_gdn_scan4 with S [nv][dk][dv]. Grid (ceil(nv*dv/8) + ring blocks, 1), block 256.
+extern "C" __global__ void hy_gdn_scan(const float* cq, const float* gb, float* S, float* o, int n, int cdim,
+                                       int nv, int nk, int dk, int dv, float* ring, const float* qkv, int qs,
+                                       int kk) {
+    const int nsb = (nv * dv + 7) / 8;
+    if ((int)blockIdx.x < nsb) {
+        gdn_cols1(cq, gb, S, S, o, n, cdim, nv, nk, dk, dv, blockIdx.x * 8 + (threadIdx.x >> 5));
+    } else if (ring) {
+        gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nsb) * 256 + threadIdx.x);
+    }
+}
+
+// hy_gdn_out32: gated RMSNorm of one head of one row into f32 and the matvec planes.
+//   y = o / sqrt(mean(o^2) + eps) * wn * gate(z), wn = gemma ? 1 + norm : norm,
+//   gate = sig ? sigmoid(z) : silu(z) (Qwen3.5: plain norm, silu).
+// Pointers: o [n][nv*dv] f32; z [n][zs] f32 (head h at h*dv); norm [dv] f32; of [n][nv*dv] f32 out;
+// p0, p1, p2 [n][ps] bf16 planes out (put3 of y at column h*dv + j).
+// Grid (n*nv, 1), block dv threads (a multiple of 32, at most 1024).
+extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, const float* norm, float* of, int nv,
+                                        int dv, float eps, int sig, int gemma, bf16* p0, bf16* p1, bf16* p2,
+                                        int ps) {
+    __shared__ float red[32];
+    const int r = blockIdx.x / nv, h = blockIdx.x % nv, j = threadIdx.x;
+    const size_t at = (size_t)r * nv * dv + h * dv + j;
+    const float x = o[at];
+    const float ms = hy_block_sum(x * x, red) / (float)dv;
+    const float zz = z[(size_t)r * zs + h * dv + j];
+    const float wn = gemma ? 1.0f + norm[j] : norm[j];
+    const float y = x / sqrtf(ms + eps) * wn * (sig ? sigmoidf_(zz) : siluf_(zz));
+    of[at] = y;
+    put3(p0, p1, p2, (size_t)r * ps + h * dv + j, y);
+}
+
+// The restore table of `spec_restore`: 7 pointers a layer, in this order.
+//   [0] s_save  [1] s  [2] t_cq  [3] t_gb  [4] ring_save  [5] ring  [6] t_qkv
+
+// hy_gdn_restore_scan4: layer y = blockIdx.y of the table back to its window start and the first
+// `keep` rows of its tape replayed (dk = 128): S = s_save, then gdn_cols4 over t_cq / t_gb into s.
+// Grid (nv*dv/32, layers), block 128.
+extern "C" __global__ void hy_gdn_restore_scan4(const u64* tab, int keep, int cdim, int nv, int nk, int dv) {
+    const u64* p = tab + (size_t)blockIdx.y * 7;
+    gdn_cols4((const float*)p[2], (const float*)p[3], (const float*)p[0], (float*)p[1], (float*)0, (float*)0, keep,
+              cdim, nv, nk, dv, blockIdx.x);
+}
+
+// hy_gdn_restore_scan: hy_gdn_restore_scan4 for any dk (gdn_cols1). Grid (ceil(nv*dv/8), layers),
+// block 256.
+extern "C" __global__ void hy_gdn_restore_scan(const u64* tab, int keep, int cdim, int nv, int nk, int dk, int dv) {
+    const u64* p = tab + (size_t)blockIdx.y * 7;
+    gdn_cols1((const float*)p[2], (const float*)p[3], (const float*)p[0], (float*)p[1], (float*)0, keep, cdim, nv, nk,
+              dk, dv, blockIdx.x * 8 + (threadIdx.x >> 5));
+}
+
+// hy_gdn_restore_ring: the ring of layer blockIdx.y as the window's first `keep` rows leave it:
+// ring = ([ring_save ; t_qkv rows 0..keep-1])[keep ..], t_qkv rows `qs` floats apart.
+// Grid (ceil(cdim/256), layers), block 256. Launched only when kk > 1.
+extern "C" __global__ void hy_gdn_restore_ring(const u64* tab, int keep, int qs, int cdim, int kk) {
+    const u64* p = tab + (size_t)blockIdx.y * 7;
+    gdn_ring_move((float*)p[5], (const float*)p[4], (const float*)p[6], qs, keep, cdim, kk,
+                  blockIdx.x * 256 + threadIdx.x);
+}

@@ -1,0 +1,151 @@
+"""The host repack into the tensor-core layout (hybrid/repack.py), decoded back independently,
+equals q4tp.decode bit for bit; the HyJob table bytes; MmaSet's rules; hy_mmp entry points."""
+
+import numpy as np
+import pytest
+
+from cortiq_drv.cmf import q4tp
+from cortiq_drv.errors import CortiqError
+from cortiq_drv.hybrid import mma
+from cortiq_drv.hybrid.repack import pair_map, planes_bytes, repack_q4tp, repack_rows
+from cortiq_drv.hybrid.repack import random_q4tp as payload
+
+
+def decode_tiles(nib, codes, lad, rows, cols):
+    """The weights [rows, cols] a repacked matrix stands for, read lane by lane the way the
+    mma.sync m16n8k16 A fragment is defined (PTX ISA): register m of lane (gid, tig) holds row
+    gid + 8 (m & 1), columns 2 tig + 8 (m >> 1) and + 1 of its k-step."""
+    ntile, gpr = -(-rows // 16), cols // 32
+    words = nib.reshape(ntile, gpr, 32, 2)
+    q = np.zeros((ntile * 16, gpr * 32), dtype=np.int64)
+    for lane in range(32):
+        gid, tig = lane >> 2, lane & 3
+        for s in range(2):
+            x = words[:, :, lane, s].astype(np.int64)  # [ntile, gpr]
+            for m in range(4):
+                row = np.arange(ntile) * 16 + gid + 8 * (m & 1)
+                col = np.arange(gpr) * 32 + 16 * s + 2 * tig + 8 * (m >> 1)
+                q[row[:, None], col[None, :]] = (x >> (4 * m)) & 15
+                q[row[:, None], col[None, :] + 1] = (x >> (4 * m + 16)) & 15
+    code = codes.reshape(ntile, gpr, 16).transpose(0, 2, 1).reshape(ntile * 16, gpr)
+    lo, st = lad.reshape(rows, 2).T
+    rung = np.take_along_axis(q4tp.ladders(lo, st), code[:rows].astype(np.int64), axis=1)
+    w = (q[:rows] - 8).astype(np.float32).reshape(rows, gpr, 32) * rung[..., None]
+    return w.reshape(rows, cols), q[rows:], code[rows:]
+
+
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 40])
+@pytest.mark.parametrize("cols", [32, 96, 992, 1024, 1056])
+def test_repack_decodes_to_q4tp(rows, cols):
+    rng = np.random.default_rng(rows * 7919 + cols)
+    p = payload(rows, cols, rng)
+    nib, codes, lad = repack_q4tp(p, rows, cols)
+    ntile, gpr = -(-rows // 16), cols // 32
+    assert nib.dtype == np.uint32 and nib.size == ntile * gpr * 64
+    assert codes.dtype == np.uint8 and codes.size == ntile * gpr * 16
+    w, pad_q, pad_code = decode_tiles(nib, codes, lad, rows, cols)
+    assert w.tobytes() == q4tp.decode(p, rows, cols).tobytes()
+    assert (pad_q == 8).all() and (pad_code == 0).all()
+
+
+def test_repack_of_encoded_weights():
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((33, 160)).astype(np.float32)
+    p = q4tp.encode(w)
+    got, _, _ = decode_tiles(*repack_q4tp(p, 33, 160), 33, 160)
+    assert got.tobytes() == q4tp.decode(p, 33, 160).tobytes()
+
+
+@pytest.mark.parametrize("inter", [8, 24, 40])
+def test_pair_interleaves_gate_and_up(inter):
+    rng = np.random.default_rng(inter)
+    cols = 64
+    g, u = payload(inter, cols, rng), payload(inter, cols, rng)
+    nib, codes, lad = repack_rows([(g, inter), (u, inter)], 2 * inter, cols, pair_map)
+    w, _, _ = decode_tiles(nib, codes, lad, 2 * inter, cols)
+    tiles = w.reshape(-1, 2, 8, cols)
+    assert tiles[:, 0].reshape(inter, cols).tobytes() == q4tp.decode(g, inter, cols).tobytes()
+    assert tiles[:, 1].reshape(inter, cols).tobytes() == q4tp.decode(u, inter, cols).tobytes()
+
+
+def test_repack_refuses_bad_input():
+    rng = np.random.default_rng(1)
+    p = payload(4, 64, rng)
+    with pytest.raises(CortiqError, match="multiple of 32"):
+        repack_q4tp(p, 4, 48)
+    with pytest.raises(CortiqError, match="bytes"):
+        repack_q4tp(p[:-1], 4, 64)
+    with pytest.raises(CortiqError, match="past payload"):
+        repack_rows([(p, 4)], 5, 64)
+
+
+def test_planes_bytes_covers_the_three_planes():
+    for rows, cols in [(1, 32), (17, 96), (4096, 4096), (248320, 5120)]:
+        ntile, gpr = -(-rows // 16), cols // 32
+        b = planes_bytes(rows, cols)
+        assert b % 256 == 0
+        assert b >= ntile * gpr * 256 + ntile * gpr * 16 + rows * 8 + 64
+        assert b < ntile * gpr * 272 + rows * 8 + 64 + 3 * 256
+
+
+class _Mat:
+    kind, cols = mma.KIND_Q4TP, 64
+
+    def __init__(self, rows, base):
+        self.rows = rows
+        self.w, self.aux0, self.aux1 = base, base + 0x100, base + 0x200
+
+
+def test_hyjob_layout_matches_the_c_struct():
+    assert mma.HYJOB.itemsize == 56
+    offs = [mma.HYJOB.fields[f][1] for f in ("w", "aux0", "aux1", "y", "res", "rows", "kind",
+                                             "blk0", "ystride")]
+    assert offs == [0, 8, 16, 24, 32, 40, 44, 48, 52]
+
+
+def test_job_table_bytes():
+    specs = [mma.JobSpec(_Mat(40, 0x1000), 0xA000, 0, 40, 40),
+             mma.JobSpec(_Mat(16, 0x2000), 0xB000, 0xC000, 100, 16),
+             mma.JobSpec(_Mat(8, 0x3000), 0xD000, 0, 8, 8)]
+    for tb, blk0s, total in [(1, [0, 3, 4], 5), (2, [0, 2, 3], 4)]:
+        jobs, blocks = mma.job_table(specs, mma.KIND_Q4TP, tb)
+        assert blocks == total and list(jobs["blk0"]) == blk0s
+        raw = jobs.tobytes()
+        assert len(raw) == 3 * 56
+        w, aux0, aux1, y, res = np.frombuffer(raw[56:96], dtype="<u8")
+        rows, kind, blk0, ystride = np.frombuffer(raw[96:112], dtype="<i4")
+        assert (w, aux0, aux1, y, res) == (0x2000, 0x2100, 0x2200, 0xB000, 0xC000)
+        assert (rows, kind, blk0, ystride) == (16, 6, blk0s[1], 100)
+
+
+def test_mmaset_rules():
+    # K/V alone: short, KS 16, one tile a block
+    assert mma.set_rules([1024, 1024]) == (True, True)
+    # a 9B gate/up pair: KS 8, two tiles a block
+    assert mma.set_rules([24576]) == (False, False)
+    assert mma.set_rules([8192]) == (True, False)
+    assert mma.set_rules([16383]) == (True, False)
+    assert mma.set_rules([16384, 1024]) == (False, False)
+    assert mma.set_rules([2048, 2049]) == (True, False)
+    assert mma.variant(1, True, False) == (1, 2, 16)
+    assert mma.variant(8, False, False) == (1, 2, 8)
+    assert mma.variant(9, False, False) == (2, 2, 8)
+    assert mma.variant(16, True, True) == (2, 1, 16)
+    assert mma.variant(1, True, True) == (1, 1, 16)
+    for n in (0, 17):
+        with pytest.raises(CortiqError, match="1..16"):
+            mma.variant(n, True, False)
+
+
+def test_every_mmp_variant_is_an_entry_point():
+    from cortiq_drv.cu import nvrtc
+    from cortiq_drv.errors import NvrtcError
+    from cortiq_drv.kernels import source
+
+    try:
+        cubin = nvrtc.compile_cubin(source("hyb.cu"), (), "sm_90")
+    except NvrtcError as e:
+        pytest.skip(f"NVRTC cannot be loaded: {e}")
+    names = [f"hy_mmp_{nt}_{tb}_{ks}" for nt in (1, 2) for tb in (1, 2) for ks in (8, 16)]
+    for name in names + ["hy_repack", "hy_split", "hy_rmsnorm2"]:
+        assert name.encode() + b"\0" in cubin, name

@@ -1,0 +1,230 @@
+"""Speed of the small path's q4tp matvec (hy_mmp) on the Qwen3.5-9B and 27B matrix shapes, as
+JSON lines (docs/PERF.md).
+
+Usage: python3 tools/bench_kernels.py [--models 9B,27B] [--rows 1,2,4,8,16] [--variants rule|all]
+       [--define NAME=VALUE ...] [--no-cublas] [--out FILE.jsonl]
+
+For each matrix (q, k, v, o, the gate/up pair, down, GDN qkv / z / out, LM head) and each row
+count: the kernel's time with the weights rotated through copies larger than L2 (so every call
+reads them from memory), the bytes it reads (repacked tiles + codes + ladders) per second, the
+ratio to the read bandwidth measured in the same run (a streaming-read kernel), the ratio to the
+one-row time, and cuBLAS f16 GEMM (ctx.gemm, f16 weights, also rotated) on the same shape. Times
+are medians over --reps replays of a captured graph of back-to-back launches (launch gaps
+included, as in a decode step's graph). `--variants all` times every (TB, KS) choice as well;
+`--define` compiles hyb.cu with kernel tuning macros (HY_RING, HY_MB_*) for a sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import numpy as np
+
+from cortiq_drv.blas import Gemm
+from cortiq_drv.cu import Buf, Ctx, Event, capture, kargs
+from cortiq_drv.cu.nvrtc import compile_cubin, func, load
+from cortiq_drv.hybrid import mma
+from cortiq_drv.hybrid.mats import DevMat
+from cortiq_drv.hybrid.repack import planes_bytes, random_q4tp, repack_on_card
+from cortiq_drv.kernels import source
+
+# Weights are rotated through copies holding at least this many bytes (H200 L2: 50 MB).
+ROTATE_BYTES = 4 * (50 << 20)
+# Launches a captured graph holds at least.
+GRAPH_CALLS = 16
+MODELS = {
+    "9B": dict(hidden=4096, nh=16, nkv=4, hd=256, ffn=12288, gk=16, gv=32, gd=128, vocab=248320),
+    "27B": dict(hidden=5120, nh=24, nkv=4, hd=256, ffn=17408, gk=16, gv=48, gd=128, vocab=248320),
+}
+READ_SRC = r"""
+extern "C" __global__ void bw_read(const uint4* p, unsigned long long n, unsigned* out) {
+    const unsigned long long s = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned acc = 0;
+    for (; i + 3 * s < n; i += 4 * s) {
+        const uint4 a = __ldg(p + i), b = __ldg(p + i + s), c = __ldg(p + i + 2 * s), d = __ldg(p + i + 3 * s);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += s) { const uint4 a = __ldg(p + i); acc ^= a.x ^ a.y ^ a.z ^ a.w; }
+    if (acc == 0x9E3779B9u) out[0] = acc;
+}
+"""
+
+
+def matrices(m: dict) -> list[tuple[str, int, int, bool]]:
+    """(name, rows, cols, gate/up pair) of one model's matvecs (q carries the output gate)."""
+    h, gd = m["hidden"], m["gd"]
+    return [("q", 2 * m["nh"] * m["hd"], h, False), ("k", m["nkv"] * m["hd"], h, False),
+            ("v", m["nkv"] * m["hd"], h, False), ("o", h, m["nh"] * m["hd"], False),
+            ("gate_up", 2 * m["ffn"], h, True), ("down", h, m["ffn"], False),
+            ("gdn_qkv", (2 * m["gk"] + m["gv"]) * gd, h, False), ("gdn_z", m["gv"] * gd, h, False),
+            ("gdn_out", h, m["gv"] * gd, False), ("head", m["vocab"], h, False)]
+
+
+def graph_us(ctx, calls, reps: int) -> float:
+    """Median microseconds per call of a captured graph replaying `calls` back to back."""
+    g = capture(ctx, lambda: [c() for c in calls])
+    e0, e1 = Event(ctx), Event(ctx)
+    try:
+        g.launch()
+        g.launch()
+        ctx.sync()
+        times = []
+        for _ in range(reps):
+            e0.record()
+            for _ in range(3):
+                g.launch()
+            e1.record()
+            times.append(e0.elapsed_ms(e1) * 1e3 / (3 * len(calls)))
+        return statistics.median(times)
+    finally:
+        g.close()
+        e0.close()
+        e1.close()
+
+
+def read_bandwidth(ctx, reps: int) -> float:
+    """Bytes per second a streaming read of 4 GiB reaches (TB/s)."""
+    f = func(load(ctx, compile_cubin(READ_SRC, (), ctx.arch)), "bw_read")
+    nbytes = 4 << 30
+    buf, out = Buf.new(ctx, nbytes), Buf.new(ctx, 4)
+    buf.memset(1)
+    args = kargs("QQQ", buf, nbytes // 16, out)
+    try:
+        us = graph_us(ctx, [lambda: ctx.launch(f, (ctx.sm_count * 8, 1), 256, 0, args)], reps)
+        return nbytes / us / 1e6
+    finally:
+        buf.close()
+        out.close()
+
+
+class Rotated:
+    """k copies of one repacked matrix (together >= ROTATE_BYTES) and an MmaSet over each."""
+
+    def __init__(self, ctx, fx, rows, cols, pair, rng):
+        if pair:
+            srcs, src_rows = [random_q4tp(rows // 2, cols, rng), random_q4tp(rows // 2, cols, rng)], rows // 2
+        else:
+            srcs, src_rows = [random_q4tp(rows, cols, rng)], rows
+        t, cc, ld = repack_on_card(ctx, fx, srcs, src_rows, rows, cols)
+        self.bytes = planes_bytes(rows, cols)
+        k = max(1, -(-ROTATE_BYTES // self.bytes))
+        self.copies = [t]
+        for _ in range(k - 1):
+            c = Buf.new(ctx, t.bytes)
+            c.copy_from(t)
+            self.copies.append(c)
+        self.y = Buf.new(ctx, mma.NMAX * rows * 4)
+        self.sets = []
+        for c in self.copies:
+            m = DevMat(mma.KIND_Q4TP, rows, cols, c, c.view(cc.ptr - t.ptr, cc.bytes),
+                       c.view(ld.ptr - t.ptr, ld.bytes), 0)
+            if pair:
+                half = mma.NMAX * (rows // 2) * 2
+                self.sets.append(mma.mmaset_pair(ctx, m, self.y.ptr, self.y.ptr + half, rows // 2))
+            else:
+                self.sets.append(mma.mmaset(ctx, [mma.JobSpec(m, self.y.ptr, 0, rows, rows)]))
+        ctx.sync()
+
+    def close(self):
+        for s in self.sets:
+            s.close()
+        for c in self.copies:
+            c.close()
+        self.y.close()
+
+
+def cublas_us(ctx, rows, cols, n, reps) -> float:
+    """cuBLAS f16 GEMM y [n, rows] f32 = x [n, cols] W^T, W f16 rotated like the q4tp copies."""
+    wbytes = rows * cols * 2
+    k = max(1, -(-ROTATE_BYTES // wbytes))
+    ws = [Buf.new(ctx, wbytes) for _ in range(k)]
+    x, y = Buf.new(ctx, mma.NMAX * cols * 2), Buf.new(ctx, mma.NMAX * rows * 4)
+    try:
+        for b in [*ws, x]:
+            b.memset(0x3C)
+        reps_k = -(-GRAPH_CALLS // k)
+        calls = [lambda w=w: ctx.gemm(True, False, rows, n, cols, 1.0, w, cols, x, cols, 0.0, y,
+                                      rows, Gemm.HALF) for w in ws] * reps_k
+        return graph_us(ctx, calls, reps)
+    finally:
+        for b in [*ws, x, y]:
+            b.close()
+
+
+def bench_matrix(ctx, fx, model, name, rows, cols, pair, a, bw, emit) -> None:
+    rot = Rotated(ctx, fx, rows, cols, pair, np.random.default_rng(rows + cols))
+    planes = [Buf.new(ctx, mma.NMAX * cols * 2) for _ in range(3)]
+    for b in planes:
+        b.memset(0x3F)
+    p = mma.Planes(planes[0].ptr, planes[1].ptr, planes[2].ptr, cols)
+    t1 = None
+    try:
+        for n in a.rows:
+            rule = rot.sets[0].variant(n)
+            nt = rule[0]
+            choices = [rule] if a.variants == "rule" else [(nt, tb, ks) for tb in (1, 2) for ks in (8, 16)]
+            reps_k = -(-GRAPH_CALLS // len(rot.sets))
+            for var in choices:
+                calls = [lambda s=s: s.launch(ctx, fx, p, n, *var) for s in rot.sets] * reps_k
+                us = graph_us(ctx, calls, a.reps)
+                if var == rule and n == a.rows[0]:
+                    t1 = us
+                tbps = rot.bytes / us / 1e6
+                line = dict(bench="hy_mmp", model=model, matrix=name, rows=rows, cols=cols, n=n,
+                            variant="%d_%d_%d" % var, rule=var == rule, us=round(us, 2),
+                            bytes=rot.bytes, tbps=round(tbps, 3), read_tbps=round(bw, 3),
+                            ratio=round(tbps / bw, 3), vs_first_n=round(us / t1, 3) if t1 else None)
+                if var == rule and not a.no_cublas:
+                    cu = cublas_us(ctx, rows, cols, n, a.reps)
+                    line.update(cublas_f16_us=round(cu, 2), cublas_f16_tbps=round(rows * cols * 2 / cu / 1e6, 3),
+                                speedup_vs_cublas=round(cu / us, 2))
+                emit(line)
+    finally:
+        rot.close()
+        for b in planes:
+            b.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="9B,27B")
+    ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--matrices", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--variants", choices=("rule", "all"), default="rule")
+    ap.add_argument("--define", action="append", default=[], help="NAME=VALUE for hyb.cu")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--no-cublas", action="store_true")
+    ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    a = ap.parse_args(argv)
+    a.rows = [int(v) for v in a.rows.split(",")]
+    ctx = Ctx.current()
+    defines = dict(d.split("=", 1) for d in a.define)
+    fx = mma.MmaFuncs(ctx, load(ctx, compile_cubin(source("hyb.cu"), defines, ctx.arch)))
+    out = open(a.out, "a") if a.out else None
+
+    def emit(line):
+        line = {**line, "defines": a.define} if a.define else line
+        text = json.dumps(line)
+        print(text, flush=True)
+        if out:
+            out.write(text + "\n")
+            out.flush()
+
+    bw = read_bandwidth(ctx, a.reps)
+    emit(dict(bench="read_bw", tbps=round(bw, 3), bytes=4 << 30, device=ctx.arch, sms=ctx.sm_count))
+    want = set(a.matrices.split(",")) if a.matrices else None
+    for model in a.models.split(","):
+        for name, rows, cols, pair in matrices(MODELS[model]):
+            if want is None or name in want:
+                bench_matrix(ctx, fx, model, name, rows, cols, pair, a, bw, emit)
+    if out:
+        out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
