@@ -10,3 +10,4 @@
 #include "hyb_mma.cuh"
 #include "hyb_gdn.cuh"
 #include "hyb_attn.cuh"
+#include "hyb_big.cuh"

@@ -1,0 +1,206 @@
+"""The hybrid arm's small path behind the graph contract (ports cuda_hybrid.rs `wants`, `token`,
+`batch`'s small branch, and the arm's use of `decline`).
+
+Outcomes are the reference's: Declined where it refuses before any state the caller relies on
+moved (the caller may fall back to the host arm), Failed where the card's state moved or cannot be
+used (the sequence must be rebuilt), Completed otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from cortiq_drv.cu.args import kargs
+from cortiq_drv.errors import CortiqError, Declined
+from cortiq_drv.graph import BatchGraphOutcome, GraphAttn, TokenGraphOutcome
+from cortiq_drv.hybrid.admit import admit
+from cortiq_drv.hybrid.big import big
+from cortiq_drv.hybrid.graphs import KtCtx, run_small, tap_slots, taps_read
+from cortiq_drv.hybrid.launch import rope_rows
+from cortiq_drv.hybrid.plan import plan_for
+from cortiq_drv.hybrid.state import NMAX
+
+# Past this many declines only the count grows (`CMF_CUDA_DEBUG` prints each).
+_DECLINES_KEPT = 256
+
+
+def wants(layers, nh: int, nkv: int, hd: int) -> bool:
+    """Does this stack belong to the hybrid arm? A GDN layer, or full attention with Q/K norms or
+    the element-wise output gate. An empty stack (a head pass) goes here when the dense arm's
+    attention kernels cannot take the geometry."""
+    if not layers:
+        hpk = nh // nkv if nkv > 0 else 0
+        return 8 * hpk * hd * 4 > 44_000
+    return any(isinstance(l.attn, GraphAttn.Gdn) or (isinstance(l.attn, GraphAttn.Full) and (
+        l.attn.output_gate or l.attn.q_norm is not None or l.attn.k_norm is not None)) for l in layers)
+
+
+def decline(hs, what: str, reason: str) -> str:
+    """Note a refusal (`decline`): kept in the counters, on stderr under CMF_CUDA_DEBUG."""
+    d = hs.counters.declines
+    if len(d) < _DECLINES_KEPT:
+        d.append((what, reason))
+    if hs.debug:
+        print(f"cuda hybrid: {what} declined: {reason}", file=sys.stderr)
+    return f"{what}: {reason}"
+
+
+def _upload_rows(plan, h: np.ndarray, positions) -> None:
+    """The call's residual rows and RoPE rows into the plan's fixed buffers."""
+    plan.rows.h.upload_async(np.ascontiguousarray(h, dtype=np.float32).reshape(-1))
+    tab = rope_rows(plan.invf, positions)
+    if tab.size:
+        plan.rows.tab.upload_async(tab)
+
+
+def token(hs, cmf, kv_id: int, layers, invf, h: np.ndarray, *, nh: int, nkv: int, hd: int,
+          attn_scale: float, rd: int, hidden: int, position: int, cap: int, gemma: bool, eps: float,
+          lm_head=None, final_norm=None, logits: np.ndarray | None = None, layer_base: int = 0,
+          hidden_too: bool = False, steps: int = 1, loop_norm_at=(), o1=()) -> TokenGraphOutcome:
+    """One decode step of the row h [hidden] at `position` through `layers` (`token`).
+
+    With `lm_head` = (GraphW, rows): logits [rows] into `logits` (and h updated too when
+    `hidden_too`); without: h becomes the residual row after the last layer."""
+    what = "hybrid token"
+    if steps != 1 or len(loop_norm_at) or any(v is not None for v in o1):
+        why = "a multi-step burst, a mid-stack norm or far-field views"
+        return TokenGraphOutcome.declined(decline(hs, what, why))
+    if position >= cap or h.size != hidden:
+        return TokenGraphOutcome.declined(decline(hs, what, "position past the context cap"))
+    if lm_head is not None and (logits is None or logits.size < lm_head[1]):
+        return TokenGraphOutcome.declined(decline(hs, what, "no logits buffer of the head's rows"))
+    with hs.lock:
+        try:
+            plan = plan_for(hs, cmf, layers, layer_base, lm_head, final_norm, nh, nkv, hd, rd, hidden, gemma,
+                            eps, attn_scale, invf, position)
+        except Declined as e:
+            return TokenGraphOutcome.declined(decline(hs, what, e.reason))
+        bad = admit(hs, plan, layers, kv_id, layer_base, position, 1, 0)
+        if bad is not None:
+            reason = decline(hs, what, bad[1])
+            return TokenGraphOutcome.failed(reason) if bad[0] else TokenGraphOutcome.declined(reason)
+        t0 = time.perf_counter()
+        # CMF_HYB_KT=N: the kernels of the N-th token, timed one by one
+        kt = KtCtx(hs.ctx) if hs.counters.tokens_seen == hs.kt else None
+        hs.counters.tokens_seen += 1
+        try:
+            _token_run(hs, plan, kv_id, layers, h, position, cap, logits, layer_base, hidden_too, kt)
+        except CortiqError as e:
+            print(f"cuda hybrid token graph failed: {e}", file=sys.stderr)
+            _quiet_sync(hs)
+            return TokenGraphOutcome.failed(str(e))
+        if kt is not None:
+            kt.report()
+        if hs.debug:
+            hs.token_us.append(int((time.perf_counter() - t0) * 1e6))
+        if position % 256 == 0:
+            hs.mem_report(f"a token at {position}")
+        return TokenGraphOutcome.completed()
+
+
+def _token_run(hs, plan, kv_id, layers, h, position, cap, logits, layer_base, hidden_too, kt) -> None:
+    _upload_rows(plan, h, [position])
+    taps = tap_slots(hs, len(layers), layer_base, plan.hidden) or ()
+    rows = run_small(hs, plan, kv_id, layer_base, position, 1, False, plan.lm is not None, cap, taps, kt)
+    hrow = np.empty(plan.hidden, dtype=np.float32)
+    out = np.empty(rows, dtype=np.float32)
+    if rows:
+        plan.rows.logits.download_async(out)
+    if not rows or hidden_too:
+        plan.rows.h.download_async(hrow)
+    hs.ctx.sync()
+    if taps:
+        hs.taps_out = taps_read(taps, 1, plan.hidden)
+    if rows:
+        logits.reshape(-1)[:rows] = out
+    if not rows or hidden_too:
+        h.reshape(-1)[:] = hrow
+
+
+def _quiet_sync(hs) -> None:
+    try:
+        hs.ctx.sync()
+    except CortiqError:
+        pass
+
+
+def batch(hs, cmf, kv_id: int, layer_base: int, layers, invf, h: np.ndarray, *, nh: int, nkv: int, hd: int,
+          rd: int, hidden: int, positions, cap: int, gemma: bool, eps: float, attn_scale: float, spec=None,
+          argmax_out: np.ndarray | None = None, defer: bool = False, o1=()) -> BatchGraphOutcome:
+    """Rows h [b, hidden] at contiguous `positions` through `layers` (`batch`): the small path up
+    to NMAX rows, the prompt path (`big`) past that.
+
+    With `spec` (a SpecTail): a verify window, each GDN layer keeping a tape (`spec_restore`),
+    the head over every row into `spec.logits_out` [b, rows], or, with `argmax_out` (int32 [b]),
+    each row's argmax picked on the card instead. h becomes the residual rows after the last
+    layer, unless `defer` (no spec): then nothing comes back and the stream runs on."""
+    what = "hybrid batch"
+    positions = [int(p) for p in positions]
+    b = len(positions)
+    if any(v is not None for v in o1):
+        return BatchGraphOutcome.declined(decline(hs, what, "a sealed far field (not on this path)"))
+    if (b == 0 or h.size != b * hidden or any(q != p + 1 for p, q in zip(positions, positions[1:]))
+            or positions[-1] >= cap):
+        return BatchGraphOutcome.declined(decline(hs, what, "rows not contiguous or past the context cap"))
+    if spec is not None and (spec.pick is not None or b > NMAX):
+        why = "a verify window longer than the small path, or a device pick"
+        return BatchGraphOutcome.declined(decline(hs, what, why))
+    with hs.lock:
+        lm = None if spec is None else (spec.lm, spec.lm_rows)
+        fnorm = None if spec is None else spec.final_norm
+        try:
+            plan = plan_for(hs, cmf, layers, layer_base, lm, fnorm, nh, nkv, hd, rd, hidden, gemma, eps,
+                            attn_scale, invf, positions[0])
+        except Declined as e:
+            return BatchGraphOutcome.declined(decline(hs, what, e.reason))
+        bad = admit(hs, plan, layers, kv_id, layer_base, positions[0], b, hs.kv_hint)
+        if bad is not None:
+            reason = decline(hs, what, bad[1])
+            return BatchGraphOutcome.failed(reason) if bad[0] else BatchGraphOutcome.declined(reason)
+        try:
+            if b > NMAX:
+                # a prompt chunk: the prompt path (hybrid/big.py)
+                big(hs, plan, kv_id, layer_base, positions, h, defer)
+            else:
+                _batch_run(hs, plan, kv_id, layer_base, layers, h, positions, cap, spec, argmax_out, defer)
+        except CortiqError as e:
+            print(f"cuda hybrid batch graph failed: {e}", file=sys.stderr)
+            _quiet_sync(hs)
+            return BatchGraphOutcome.failed(str(e))
+        return BatchGraphOutcome.completed()
+
+
+def _batch_run(hs, plan, kv_id, layer_base, layers, h, positions, cap, spec, argmax_out, defer) -> None:
+    b, hidden = len(positions), plan.hidden
+    _upload_rows(plan, h, positions)
+    taps = tap_slots(hs, len(layers), layer_base, hidden) or ()
+    verify = spec is not None
+    rows = run_small(hs, plan, kv_id, layer_base, positions[0], b, verify, verify, cap, taps)
+    out = None
+    if verify and argmax_out is not None:
+        # a greedy verify: each row's argmax on the card, the ids back instead of the logits
+        ids = hs.scr("hy_vids", NMAX * 4)
+        hs.ctx.launch(plan.fx.argmax, (b, 1), 1024, 0, kargs("QiiQi", plan.rows.logits, rows, rows, ids, 0))
+        out = np.empty(b, dtype=np.int32)
+        ids.download_async(out)
+    elif verify:
+        out = np.empty((b, rows), dtype=np.float32)
+        plan.rows.logits.download_async(out)
+    if defer and not verify:
+        # nothing comes back: the stream runs on (tap rows are read all the same)
+        if taps:
+            hs.taps_out = taps_read(taps, b, hidden)
+        return
+    hrows = np.empty((b, hidden), dtype=np.float32)
+    plan.rows.h.download_async(hrows)
+    hs.ctx.sync()
+    if taps:
+        hs.taps_out = taps_read(taps, b, hidden)
+    if verify and argmax_out is not None:
+        argmax_out.reshape(-1)[:b] = out
+    elif verify:
+        spec.logits_out = out
+    h.reshape(-1)[:] = hrows.reshape(-1)

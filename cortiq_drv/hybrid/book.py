@@ -1,0 +1,88 @@
+"""One small-path call's launch inputs (ports cuda_hybrid.rs `Book`, `attn_rb`, `ATTN_NBLK`,
+`book`, without the far field).
+
+`book` lays out, for a call of n rows at pos0, every layer's state pointers and every attention
+layer's call record, sizes the attention scratch, and moves the host-side cursors (mirror rows,
+GDN positions and tapes) past the call: it runs before the launches are queued or replayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cortiq_drv.errors import CortiqError
+from cortiq_drv.hybrid.plan import GdnL
+from cortiq_drv.hybrid.state import NMAX, round_up
+
+# Key blocks the attention grid covers: every count `attn_rb` allows (keys / rb <= 128).
+ATTN_NBLK = 129
+# The attention scratch grows by this many keys a head at a time.
+KEY_STEP = 4096
+
+
+def attn_rb(keys: int) -> int:
+    """Keys a block of the decode attention takes for `keys` keys: 64 up to 8192 keys, so a
+    window's rows split their keys as their one-row steps do there."""
+    return 64 * max(-(-keys // 8192), 1)
+
+
+@dataclass
+class Book:
+    """Per layer: the GDN state's seven buffers (`GdnState.views`) or the mirror's (K, V).
+    `ci`: the attention layers' call records, 8 int32 words each: n0 (mirror rows before the
+    call), the mirror row of the call's first row, rb, ncap, nbcap, then three far-field words
+    (0 here). `scratch`: the attention scratch (S, Mx, P, E)."""
+
+    layers: list
+    ci: np.ndarray
+    scratch: tuple
+
+    def sig(self) -> tuple:
+        """The pointers a graph recorded over this call holds (`run_small`'s signature)."""
+        return tuple(b.ptr for bufs in self.layers for b in bufs) + tuple(b.ptr for b in self.scratch)
+
+
+def record(n0: int, n: int) -> list:
+    """The call record of an attention layer holding n0 rows for a call of n rows."""
+    keys = n0 + n
+    rb = attn_rb(keys)
+    ncap = round_up(keys, KEY_STEP)
+    return [n0, n0, rb, ncap, -(-ncap // rb), 0, 0, 0]
+
+
+def scratch_sizes(nh: int, hd: int, keys_max: int, nbcap_max: int, kcap: int | None) -> dict:
+    """Bytes of the attention scratch for records up to `keys_max` keys and `nbcap_max` blocks;
+    `kcap` (CMF_HYB_KCAP=1: the context cap) sizes the scores for it from the start."""
+    kc = max(round_up(max(keys_max, kcap or 0), KEY_STEP), KEY_STEP)
+    nbc = min(max(nbcap_max, 1), ATTN_NBLK + 64)
+    return {"hy_S": NMAX * nh * kc * 4, "hy_Mx": NMAX * nh * nbc * 4,
+            "hy_P": NMAX * nbc * nh * hd * 4, "hy_E": NMAX * nbc * nh * 4}
+
+
+def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, kcap: int) -> Book:
+    """Lay out a call of `n` rows at `pos0` and move the cursors past it (after `admit`)."""
+    layers, ci = [], []
+    for li, pl in enumerate(plan.layers):
+        key = (kv_id, layer_base + li)
+        if isinstance(pl.mix, GdnL):
+            gs = hs.gdn.get(key)
+            if gs is None:
+                raise CortiqError(f"book: GDN state of layer {key[1]} missing")
+            layers.append(gs.views())
+            gs.next_pos = pos0 + n
+            gs.tape = (pos0, n) if tape else None
+            continue
+        m = hs.kv.get(key)
+        if m is None or m.stored + n > m.cap:
+            raise CortiqError(f"book: K/V mirror of layer {key[1]} missing or without room")
+        layers.append((m.k, m.v))
+        ci.extend(record(m.stored, n))
+        m.stored += n
+    recs = np.asarray(ci, dtype=np.int32).reshape(-1, 8)
+    keys_max = int((recs[:, 0] + n).max()) if len(recs) else 0
+    nbcap_max = int(recs[:, 4].max()) if len(recs) else 0
+    sizes = scratch_sizes(plan.nh, plan.hd, keys_max, nbcap_max, kcap if hs.kcap else None)
+    scratch = tuple(hs.scr(name, nbytes) for name, nbytes in sizes.items())
+    return Book(layers, recs.reshape(-1), scratch)

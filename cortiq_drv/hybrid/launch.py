@@ -1,0 +1,175 @@
+"""The small path's launches (ports cuda_hybrid.rs `HFuncs`, `launch`, `head_launch`, `hst`,
+`rope_rows`).
+
+`launch` queues, for the rows in `plan.rows.h` (n <= NMAX) as `book` laid them out, every layer's
+kernels and device copies and nothing else: no host work, no synchronisation (outside the
+profile's stage marks), so a stream capture records it as it is. Argument lists follow the
+kernels' comments in kernels/hyb_gdn.cuh and hyb_attn.cuh.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from cortiq_drv.cu.args import kargs
+from cortiq_drv.hybrid.book import ATTN_NBLK
+from cortiq_drv.hybrid.mma import MmaFuncs, rmsnorm2
+from cortiq_drv.hybrid.plan import GdnL
+
+# Stages of CMF_CUDA_PROF=1 on the small path, each closed by a stream sync.
+HSTAGES = ("norms", "gdn in", "gdn core", "gdn out", "attn in", "attn core", "attn out", "gate+up",
+           "silu", "down", "head", "copies")
+
+
+class HFuncs(MmaFuncs):
+    """The kernels of one hyb.cu module (compiled for one HPK, HD): the matvec's and these."""
+
+    def __init__(self, ctx, module):
+        super().__init__(ctx, module)
+        names = dict(front="hy_gdn_front", scan="hy_gdn_scan", scan4="hy_gdn_scan4", out32="hy_gdn_out32",
+                     rs_scan="hy_gdn_restore_scan", rs_scan4="hy_gdn_restore_scan4",
+                     rs_ring="hy_gdn_restore_ring", qk="hy_qk", scores="hy_scores", values="hy_values",
+                     finish="hy_finish", argmax="hy_argmax", gather="hy_embed_gather", to_half="hy_to_half",
+                     # the prompt path's (kernels/hyb_big.cuh, hybrid/big.py)
+                     expand_p="hy_expand_p", expand_pr="hy_expand_pr", rmsnorm="hy_rmsnorm",
+                     conv32="hy_gdn_conv32", ring="hy_gdn_ring", prep32="hy_gdn_prep32", gb32="hy_gdn_gb32",
+                     wy="hy_gdn_wy", chunk="hy_gdn_chunk", out_h="hy_gdn_out_h", q_half_g="hy_q_half_g",
+                     softmax_h="hy_softmax_h", attn_out="hy_attn_out", silu_pair="hy_silu_pair_half")
+        for attr, name in names.items():
+            setattr(self, attr, module.func(name))
+
+
+class Stages:
+    """`hst`: with the profile on, each mark syncs the stream and adds the time since the last
+    one to stage s of calls of n rows; off, marks cost nothing."""
+
+    def __init__(self, hs, n: int, on: bool):
+        self.hs, self.n, self.on = hs, min(n, 16), on
+        self.t = time.perf_counter_ns()
+
+    def mark(self, s: int) -> None:
+        if self.on:
+            self.hs.ctx.sync()
+            now = time.perf_counter_ns()
+            self.hs.counters.stage_ns[self.n, s] += now - self.t
+            self.t = now
+
+
+def _gdn(ctx, plan, g: GdnL, views, n: int, tape: bool, st: Stages) -> None:
+    """A GDN layer: qkv and z, the front, the scan (and the tape), the gated norm, out."""
+    fx, r, geo, planes = plan.fx, plan.rows, plan.geom, plan.planes()
+    s, ring, t_qkv, t_cq, t_gb, s_save, ring_save = views
+    g.ms_in.run(ctx, fx, planes, plan.hidden, n)
+    st.mark(1)
+    # dk = 128 (every Qwen3.5-family file): the column scan, which keeps the tape's state copy
+    col_scan = g.dk == 128 and g.dv % 32 == 0
+    r_bytes = (g.kk - 1) * g.cdim * 4
+    if tape:
+        if not col_scan:
+            s_save.copy_from(s.view(0, g.nv * g.dk * g.dv * 4))
+        if r_bytes:
+            ring_save.copy_from(ring.view(0, r_bytes))
+        # the raw rows (the ring replays from them), at the projection's own row stride
+        t_qkv.copy_from(r.qkv.view(0, n * geo.cdmax * 4))
+    ctx.launch(fx.front, (g.cdim // g.dk + 2 * g.nv, n), max(g.dk, 64), 0,
+               kargs("QiQQQiiiiiQiQQQQQi", r.qkv, geo.cdmax, ring, g.taps, t_cq, n, g.cdim, g.kk, g.nk,
+                     g.dk, r.xn, plan.hidden, g.a, g.b, g.a_log, g.dt_bias, t_gb, g.nv))
+    # the scan, with blocks after it that move the conv ring
+    ring_p = ring if g.kk > 1 else 0
+    if col_scan:
+        ring_blocks = -(-g.cdim // 128) if g.kk > 1 else 0
+        ctx.launch(fx.scan4, (g.nv * g.dv // 32 + ring_blocks, 1), 128, 0,
+                   kargs("QQQQiiiiiQQiiQ", t_cq, t_gb, s, r.o, n, g.cdim, g.nv, g.nk, g.dv, ring_p, r.qkv,
+                         geo.cdmax, g.kk, s_save if tape else 0))
+    else:
+        ring_blocks = -(-g.cdim // 256) if g.kk > 1 else 0
+        ctx.launch(fx.scan, (-(-g.nv * g.dv // 8) + ring_blocks, 1), 256, 0,
+                   kargs("QQQQiiiiiiQQii", t_cq, t_gb, s, r.o, n, g.cdim, g.nv, g.nk, g.dk, g.dv, ring_p,
+                         r.qkv, geo.cdmax, g.kk))
+    # the output norm is plain w and the gate silu on Qwen3.5 (sig 0, gemma 0)
+    ctx.launch(fx.out32, (n * g.nv, 1), g.dv, 0,
+               kargs("QQiQQiifiiQQQi", r.o, r.z, geo.vdmax, g.norm, r.of, g.nv, g.dv, plan.eps, 0, 0,
+                     planes.p0, planes.p1, planes.p2, planes.stride))
+    st.mark(2)
+    g.ms_out.run(ctx, fx, planes, g.nv * g.dv, n)
+    st.mark(3)
+
+
+def _attn(ctx, plan, a, kv, rec, cip: int, scratch, n: int, tab, st: Stages) -> None:
+    """A gated attention layer: q, k, v; norms, rotary and the mirror rows; scores, values,
+    the gated finish into the planes; o."""
+    fx, r, planes = plan.fx, plan.rows, plan.planes()
+    nh, nkv, hd = plan.nh, plan.nkv, plan.hd
+    kp, vp = kv
+    s_p, mx_p, p_p, e_p = scratch
+    n0, slot0, rb, ncap, nbcap = (int(x) for x in rec[:5])
+    a.ms_in.run(ctx, fx, planes, plan.hidden, n)
+    st.mark(4)
+    ctx.launch(fx.qk, (nh + nkv, n), hd, 0,
+               kargs("QiQQiQQQQQQQiiifiiiiQQ", r.q, plan.geom.qrow, r.k, r.v, nkv * hd, a.qn, a.kn, r.qg,
+                     r.gate, kp, vp, tab, nh, nkv, plan.half, plan.eps, int(plan.gemma), int(a.gated),
+                     slot0, n, cip, 0))
+    # a grid for any record: blocks past the call's keys leave
+    grid = (ATTN_NBLK, nkv, n)
+    ctx.launch_3d(fx.scores, grid, 256, 0,
+                  kargs("QQQQiiifiiiiQ", r.qg, kp, s_p, mx_p, n0, 0, nkv, plan.scale, rb, ncap, nbcap, n,
+                        cip))
+    ctx.launch_3d(fx.values, grid, 256, 0,
+                  kargs("QQQQQiiiiiiiQ", s_p, mx_p, vp, p_p, e_p, n0, 0, nkv, rb, ncap, nbcap, n, cip))
+    ctx.launch(fx.finish, (nh, n), 256, 0,
+               kargs("QQQQQQiiiiiQ", p_p, e_p, r.gate if a.gated else 0, planes.p0, planes.p1, planes.p2,
+                     planes.stride, n0, rb, nh, nbcap, cip))
+    st.mark(5)
+    a.ms_out.run(ctx, fx, planes, nh * hd, n)
+    st.mark(6)
+
+
+def launch(ctx, plan, bk, n: int, tape: bool, taps=(), st: Stages | None = None) -> None:
+    """Every layer over the n rows in `plan.rows.h` (`launch`); `tape` keeps what a verify
+    window needs to step back; `taps` [(layer, Buf)] copy the residual rows after a layer."""
+    st = st or Stages(None, n, False)
+    fx, r, planes = plan.fx, plan.rows, plan.planes()
+    hidden, eps, gemma = plan.hidden, plan.eps, plan.gemma
+    st.mark(11)
+    ai = 0
+    for li, pl in enumerate(plan.layers):
+        rmsnorm2(ctx, fx, r.h, pl.in_norm, r.xn, hidden, eps, gemma, planes, n)
+        st.mark(0)
+        if isinstance(pl.mix, GdnL):
+            _gdn(ctx, plan, pl.mix, bk.layers[li], n, tape, st)
+        else:
+            _attn(ctx, plan, pl.mix, bk.layers[li], bk.ci[ai * 8:ai * 8 + 8], plan.ci.ptr + ai * 32,
+                  bk.scratch, n, r.tab, st)
+            ai += 1
+        rmsnorm2(ctx, fx, r.h, pl.post_norm, None, hidden, eps, gemma, planes, n)
+        st.mark(0)
+        # gate/up with silu(gate) * up made in its epilogue, into the middle's planes
+        pl.ms_gu.run(ctx, fx, planes, hidden, n)
+        st.mark(7)
+        pl.ms_dn.run(ctx, fx, plan.mid(), pl.inter, n)
+        st.mark(9)
+        for tl, dst in taps:
+            if tl == li:
+                dst.copy_from(r.h.view(0, n * hidden * 4))
+
+
+def head_launch(ctx, plan, n: int, st: Stages | None = None) -> int:
+    """The head over the rows in `plan.rows.h`: logits [n][rows] into `plan.rows.logits`."""
+    if plan.lm is None:
+        return 0
+    st = st or Stages(None, n, False)
+    _, rows, js = plan.lm
+    planes = plan.planes()
+    rmsnorm2(ctx, plan.fx, plan.rows.h, plan.final_norm, None, plan.hidden, plan.eps, plan.gemma, planes, n)
+    js.run(ctx, plan.fx, planes, plan.hidden, n)
+    st.mark(10)
+    return rows
+
+
+def rope_rows(invf: np.ndarray, positions) -> np.ndarray:
+    """(sin, cos) per row and frequency, [row][pair][2] f32, angle = f32(position) * invf."""
+    pos = np.asarray(list(positions), dtype=np.float32)
+    ang = pos[:, None] * invf[None, :]  # [rows, half]
+    return np.ascontiguousarray(np.stack([np.sin(ang), np.cos(ang)], axis=-1), dtype=np.float32)

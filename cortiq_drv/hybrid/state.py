@@ -1,0 +1,280 @@
+"""The hybrid arm's per-process state (ports cuda_hybrid.rs `HState`, `GdnState` and the f16
+`KvMirror` this arm keeps) and `Card`, the one seam between the arm's host-side logic and the
+device.
+
+Everything the arm keeps between calls lives in one `HState`: the kernels by attention geometry,
+the plans, the K/V mirrors and GDN states by (sequence, layer), the recorded small-path graphs,
+the named scratch, the restore tables, and the debug / profile counters. Plan building, admission,
+booking and graph keying only reach the device through `Card` (allocations, graph capture,
+kernels, repacked matrices, job tables), `Buf` methods and `ctx.launch`, so the CPU tests drive
+them with fake buffers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cortiq_drv import knobs
+from cortiq_drv.cu import Buf, capture
+from cortiq_drv.cu.nvrtc import compile_cubin, load
+from cortiq_drv.hybrid import mma
+from cortiq_drv.hybrid.mats import MatStore
+from cortiq_drv.kernels import source
+
+NMAX = mma.NMAX
+# K/V mirror capacity grows in steps of this many rows (at least doubling).
+MIRROR_STEP = 1024
+
+
+def round_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+class Card:
+    """The device operations of the arm besides `Buf` methods and `ctx.launch`."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._store: MatStore | None = None
+
+    def new(self, nbytes: int) -> Buf:
+        return Buf.new(self.ctx, nbytes)
+
+    def upload(self, arr: np.ndarray) -> Buf:
+        return Buf.from_array(self.ctx, arr)
+
+    def capture(self, fn):
+        return capture(self.ctx, fn)
+
+    def funcs(self, hpk: int, hd: int):
+        """hyb.cu compiled for (heads per KV head, head width) and loaded (`load_funcs`)."""
+        # launch imports plan, which imports this module: HFuncs comes in here
+        from cortiq_drv.hybrid.launch import HFuncs
+
+        cubin = compile_cubin(source("hyb.cu"), {"HPK": hpk, "HD": hd}, self.ctx.arch)
+        return HFuncs(self.ctx, load(self.ctx, cubin))
+
+    def store(self, fx) -> MatStore:
+        """The repacked matrices (made with the first kernels loaded, as the reference's
+        `st.hyb.funcs.values().next()`)."""
+        if self._store is None:
+            self._store = MatStore(self.ctx, fx)
+        return self._store
+
+    def mmaset(self, jobs):
+        return mma.mmaset(self.ctx, jobs)
+
+    def mmaset_pair(self, m, p0, p1, pstride: int):
+        return mma.mmaset_pair(self.ctx, m, p0, p1, pstride)
+
+
+class KvMirror:
+    """One attention layer's K/V rows of one sequence on the card as f16: k, v [cap][row] with
+    row = nkv * hd values; rows [0, stored) are valid."""
+
+    def __init__(self, row: int):
+        self.row = row
+        self.stored = 0
+        self.cap = 0
+        self.k: Buf | None = None
+        self.v: Buf | None = None
+
+    @property
+    def bytes(self) -> int:
+        return 2 * self.cap * self.row * 2
+
+    def reserve(self, hs: "HState", n: int, hint: int) -> None:
+        """Room for `n` rows after the stored ones (at least `hint` rows in all). Growing moves
+        the rows to a new allocation: graphs recorded over the old one are recorded again."""
+        need = self.stored + n
+        if need <= self.cap:
+            return
+        cap = round_up(max(need, hint, 2 * self.cap), MIRROR_STEP)
+        k, v = hs.card.new(cap * self.row * 2), hs.card.new(cap * self.row * 2)
+        if self.stored:
+            k.copy_from(self.k.view(0, self.stored * self.row * 2))
+            v.copy_from(self.v.view(0, self.stored * self.row * 2))
+        old = self.bytes
+        self.close(hs)
+        self.k, self.v, self.cap = k, v, cap
+        hs.ctx.kv_bytes += self.bytes - old
+
+    def close(self, hs: "HState") -> None:
+        if self.k is not None:
+            # pending work may still read them
+            hs.ctx.sync()
+            self.k.close()
+            self.v.close()
+            self.k = self.v = None
+
+
+@dataclass
+class GdnState:
+    """One GDN layer's recurrent state on the card and what a verify window needs to step back:
+    seven views of one allocation (`_all`): s [nv][dk][dv], ring [kk-1][cdim], the window's tape
+    (t_qkv raw rows `t_stride` floats apart, t_cq conv rows, t_gb gates; NMAX rows each), and
+    the state the window started from (s_save, ring_save)."""
+
+    dims: tuple  # (nv, nk, dk, dv, kk)
+    all: Buf
+    s: Buf
+    ring: Buf
+    t_qkv: Buf
+    t_cq: Buf
+    t_gb: Buf
+    s_save: Buf
+    ring_save: Buf
+    t_stride: int
+    next_pos: int
+    # (first position, rows) of the last window that kept a tape
+    tape: tuple | None = None
+    # (position, s copy, ring copy) of `gdn_snapshot`
+    snap: tuple | None = None
+
+    @property
+    def ring_n(self) -> int:
+        nv, nk, dk, dv, kk = self.dims
+        return (kk - 1) * (2 * nk * dk + nv * dv)
+
+    @property
+    def s_n(self) -> int:
+        nv, _, dk, dv, _ = self.dims
+        return nv * dk * dv
+
+    @property
+    def counted(self) -> int:
+        """Bytes this state counts in `ctx.kv_bytes` (the reference's accounting)."""
+        nv, nk, dk, dv, kk = self.dims
+        cdim = 2 * nk * dk + nv * dv
+        return (self.s_n * 2 + self.ring_n * 2 + NMAX * (2 * cdim + 2 * nv)) * 4
+
+    def views(self) -> tuple:
+        """The seven buffers in `book`'s order."""
+        return (self.s, self.ring, self.t_qkv, self.t_cq, self.t_gb, self.s_save, self.ring_save)
+
+    def close(self) -> None:
+        self.all.close()
+        if self.snap is not None:
+            self.snap[1].close()
+            self.snap[2].close()
+
+
+@dataclass
+class Counters:
+    """Debug and profile counters of the small path (`GRAPH_REC`, `GRAPH_RUN`, `HSTAGE_NS`,
+    `HCALLS_N`, declines)."""
+
+    graph_rec: int = 0
+    graph_run: int = 0
+    calls_n: list = field(default_factory=lambda: [0] * (NMAX + 1))
+    # [rows][stage] nanoseconds (CMF_CUDA_PROF)
+    stage_ns: np.ndarray = field(default_factory=lambda: np.zeros((NMAX + 1, 12), dtype=np.int64))
+    tokens_seen: int = 0
+    declines: list = field(default_factory=list)
+
+
+class HState:
+    """The arm's state on one context (`st.hyb` with the parts of `State` it uses)."""
+
+    def __init__(self, ctx, card: Card | None = None):
+        self.ctx = ctx
+        self.card = card if card is not None else Card(ctx)
+        self.lock = threading.RLock()
+        k = knobs.get()
+        # CMF_CUDA_GRAPH, CMF_CUDA_PROF, CMF_CUDA_DEBUG, CMF_CUDA_MEM, CMF_HYB_KCAP, CMF_HYB_KT
+        self.use_graphs = k.cuda_graph
+        self.prof = k.cuda_prof
+        self.debug = k.cuda_debug
+        self.mem = k.cuda_mem
+        self.kcap = k.hyb_kcap
+        self.kt = k.hyb_kt
+        self.funcs: dict = {}
+        self.plans: dict = {}
+        self.kv: dict = {}
+        self.gdn: dict = {}
+        self.graphs: dict = {}
+        self.rtabs: dict = {}
+        self.scratch: dict = {}
+        self._f32: dict = {}
+        # the K/V capacity a caller expects (rows), for the first reservation
+        self.kv_hint = 0
+        # layers whose residual rows a drafter taps (`taps_wanted`); the last call's tap rows
+        self.taps_wanted: tuple = ()
+        self.taps_out: np.ndarray | None = None
+        # host microseconds of each token (CMF_CUDA_DEBUG)
+        self.token_us: list = []
+        self.counters = Counters()
+
+    def log(self, msg: str) -> None:
+        print(f"cuda hybrid: {msg}", file=sys.stderr)
+
+    def mem_report(self, what: str) -> None:
+        """`CMF_CUDA_MEM=1`: what the card holds, on stderr, after `what` (`mem_report`)."""
+        if not self.mem:
+            return
+        mb = lambda b: b / (1 << 20)
+        free, total = self.ctx.mem_get_info()
+        gdn = sum(g.all.bytes + (g.snap[1].bytes + g.snap[2].bytes if g.snap else 0)
+                  for g in self.gdn.values())
+        scratch = sorted(((b.bytes, k) for k, b in self.scratch.items()), reverse=True)
+        mcap = max((m.cap for m in self.kv.values()), default=0)
+        big = ", ".join(f"{k} {mb(b):.0f}" for b, k in scratch[:6])
+        self.log(f"mem after {what}: used {mb(total - free):.0f} of {mb(total):.0f} MiB; weights "
+                 f"{mb(self.ctx.resident):.0f}, K/V {mb(self.ctx.kv_bytes):.0f} ({len(self.kv)} mirrors "
+                 f"of up to {mcap} rows), GDN states {mb(gdn):.0f} in {len(self.gdn)}, scratch "
+                 f"{mb(sum(b for b, _ in scratch)):.0f} (largest {big}), graphs {len(self.graphs)}")
+
+    def hfuncs(self, hpk: int, hd: int):
+        f = self.funcs.get((hpk, hd))
+        if f is None:
+            f = self.funcs[(hpk, hd)] = self.card.funcs(hpk, hd)
+        return f
+
+    def store(self) -> MatStore:
+        return self.card.store(next(iter(self.funcs.values())))
+
+    def scr(self, name: str, nbytes: int) -> Buf:
+        """Named scratch of at least `nbytes`, grown (never shrunk) on demand: a grown one has a
+        new address."""
+        b = self.scratch.get(name)
+        if b is not None and b.bytes >= nbytes:
+            return b
+        if b is not None:
+            self.ctx.sync()
+            b.close()
+        b = self.scratch[name] = self.card.new(round_up(max(nbytes, 1), 256))
+        return b
+
+    def f32_buf(self, arr: np.ndarray) -> Buf:
+        """A float32 vector on the card, one upload per distinct content (`st.f32_buf`)."""
+        a = np.ascontiguousarray(arr, dtype=np.float32)
+        key = (a.nbytes, fp_f32(a))
+        b = self._f32.get(key)
+        if b is None:
+            b = self._f32[key] = self.card.upload(a)
+        return b
+
+
+def fp_f32(a: np.ndarray) -> int:
+    """A fingerprint of a float32 vector's content (`crate::gpu::fp_f32`)."""
+    h = hashlib.blake2b(np.ascontiguousarray(a, dtype=np.float32).tobytes(), digest_size=8)
+    return int.from_bytes(h.digest(), "little")
+
+
+_CURRENT: HState | None = None
+
+
+def current() -> HState:
+    """The process-wide arm state on `Ctx.current()` (NoDevice without a GPU)."""
+    global _CURRENT
+    from cortiq_drv.cu import Ctx
+
+    ctx = Ctx.current()
+    if _CURRENT is None or _CURRENT.ctx is not ctx:
+        _CURRENT = HState(ctx)
+    return _CURRENT

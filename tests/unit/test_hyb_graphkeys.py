@@ -1,0 +1,223 @@
+"""Small-path graph keying on a fake card: graphs keyed by (plan, sequence, first layer, rows,
+tape, head, taps), replayed while the pointers hold, recorded again when a mirror or the
+attention scratch moved; direct launches without graphs; the launch sequence and every launch's
+argument list against the kernels' signatures in kernels/*.cuh."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import _fakecard
+import _tiny
+from cortiq_drv.cmf import CmfFile
+from cortiq_drv.graph import TokenGraphOutcome, build as graph_build
+from cortiq_drv.hybrid import api
+from cortiq_drv.hybrid.admit import admit
+from cortiq_drv.hybrid.graphs import run_small
+from cortiq_drv.hybrid.plan import plan_for
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = _tiny.write_tiny(tmp_path_factory.mktemp("hyb") / "t.cmf", linear_key_head_dim=128,
+                            linear_value_head_dim=128)
+    cmf = CmfFile.open(path)
+    yield cmf, graph_build(cmf)
+    cmf.close()
+
+
+def _plan(hs, cmf, g, head=True):
+    lm = (g.lm, g.lm_rows) if head else None
+    return plan_for(hs, cmf, g.layers, 0, lm, g.final_norm, g.nh, g.nkv, g.hd, g.rd, g.hidden, g.gemma, g.eps,
+                    g.scale, g.invf, 0)
+
+
+def _call(hs, p, g, kv_id, pos0, n, tape=False, head=True):
+    assert admit(hs, p, g.layers, kv_id, 0, pos0, n, 0) is None
+    return run_small(hs, p, kv_id, 0, pos0, n, tape, head, 4096)
+
+
+def test_replay_while_pointers_hold(tiny):
+    cmf, g = tiny
+    hs, ctx, card = _fakecard.fake_state()
+    p = _plan(hs, cmf, g)
+    ctx.launches.clear()
+    assert _call(hs, p, g, 1, 0, 1) == g.lm_rows
+    c = hs.counters
+    assert (c.graph_rec, c.graph_run, card.captures) == (1, 1, 1)
+    one_step = list(ctx.launches)
+    ctx.launches.clear()
+    _call(hs, p, g, 1, 1, 1)
+    assert (c.graph_rec, c.graph_run) == (1, 2)
+    # a replay queues the recorded nodes as they were
+    assert ctx.launches == one_step
+    # another row count, tape, head or sequence: another graph
+    _call(hs, p, g, 1, 2, 4, tape=True)
+    _call(hs, p, g, 2, 0, 1)
+    assert c.graph_rec == 3 and len(hs.graphs) == 3
+    assert {k[1:6] for k in hs.graphs} == {(1, 0, 1, False, True), (1, 0, 4, True, True), (2, 0, 1, False, True)}
+
+
+def test_rerecorded_when_the_mirror_grows(tiny):
+    cmf, g = tiny
+    hs, _, _ = _fakecard.fake_state()
+    p = _plan(hs, cmf, g)
+    _call(hs, p, g, 1, 0, 1)
+    m = hs.kv[(1, 3)]
+    cap, key = m.cap, next(iter(hs.graphs))
+    old = hs.graphs[key]
+    for pos in range(1, cap + 1):
+        _call(hs, p, g, 1, pos, 1)
+    assert m.cap > cap and hs.counters.graph_rec == 2 and hs.graphs[key] is not old
+    assert old.graph.closed
+
+
+def test_rerecorded_when_the_scratch_grows(tiny):
+    cmf, g = tiny
+    hs, _, _ = _fakecard.fake_state()
+    hs.debug = True
+    p = _plan(hs, cmf, g)
+    _call(hs, p, g, 1, 0, 1)
+    for i in range(3):
+        hs.gdn[(1, i)].next_pos = 4096
+    m = hs.kv[(1, 3)]
+    m.reserve(hs, 4096, 0)
+    m.stored = 4096
+    _call(hs, p, g, 1, 4096, 1)
+    assert hs.counters.graph_rec == 2
+    # within the new scratch: replayed
+    _call(hs, p, g, 1, 4097, 1)
+    assert hs.counters.graph_rec == 2 and hs.counters.graph_run == 3
+
+
+def test_direct_launches_match_the_recorded_graph(tiny):
+    cmf, g = tiny
+    recorded = {}
+    for graphs in (True, False):
+        hs, ctx, card = _fakecard.fake_state()
+        hs.use_graphs = graphs
+        p = _plan(hs, cmf, g)
+        ctx.launches.clear()
+        _call(hs, p, g, 1, 0, 3, tape=True)
+        recorded[graphs] = [(l.name, l.grid, l.block, l.fmt) for l in ctx.launches]
+        assert card.captures == int(graphs) and hs.counters.graph_run == int(graphs)
+    assert recorded[True] == recorded[False]
+
+
+def test_launch_sequence_and_argument_lists(tiny):
+    cmf, g = tiny
+    hs, ctx, _ = _fakecard.fake_state()
+    hs.use_graphs = False
+    p = _plan(hs, cmf, g)
+    ctx.launches.clear()
+    _call(hs, p, g, 1, 0, 2, tape=True)
+    names = [l.name for l in ctx.launches]
+    gdn = ["hy_rmsnorm2", "hy_mmp", "hy_gdn_front", "hy_gdn_scan4", "hy_gdn_out32", "hy_mmp"]
+    attn = ["hy_rmsnorm2", "hy_mmp", "hy_qk", "hy_scores", "hy_values", "hy_finish", "hy_mmp"]
+    ffn = ["hy_rmsnorm2", "hy_mmp", "hy_mmp"]
+    assert names == (gdn + ffn) * 3 + attn + ffn + ["hy_rmsnorm2", "hy_mmp"]
+    formats = _fakecard.kernel_formats()
+    for l in ctx.launches:
+        if l.name != "hy_mmp":
+            assert l.fmt == formats[l.name], l.name
+    by = {l.name: l for l in ctx.launches}
+    cdim = 2 * 2 * 128 + 4 * 128
+    assert by["hy_gdn_front"].grid == (cdim // 128 + 8, 2) and by["hy_gdn_front"].block == 128
+    assert by["hy_gdn_scan4"].grid == (4 * 128 // 32 + cdim // 128, 1)
+    assert by["hy_gdn_out32"].grid == (2 * 4, 1) and by["hy_gdn_out32"].block == 128
+    assert by["hy_qk"].grid == (g.nh + g.nkv, 2) and by["hy_qk"].block == g.hd
+    assert by["hy_scores"].grid == (129, g.nkv, 2) and by["hy_finish"].grid == (g.nh, 2)
+    # the tape's state copy is the column scan's own (its last argument), not a device copy
+    assert int.from_bytes(by["hy_gdn_scan4"].args[-1], "little") == hs.gdn[(1, 2)].s_save.ptr
+    # the call record address: plan.ci, the first (only) attention layer
+    assert int.from_bytes(by["hy_scores"].args[-1], "little") == p.ci.ptr
+    assert p.ci.read(np.int32, 8).tolist() == [0, 0, 64, 4096, 64, 0, 0, 0]
+
+
+def test_token_outcomes_on_the_fake_card(tiny):
+    cmf, g = tiny
+    hs, _, _ = _fakecard.fake_state()
+    kw = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, attn_scale=g.scale, rd=g.rd, hidden=g.hidden, cap=64, gemma=g.gemma,
+              eps=g.eps, lm_head=(g.lm, g.lm_rows), final_norm=g.final_norm)
+    h = np.ones(g.hidden, np.float32)
+    logits = np.zeros(g.lm_rows, np.float32)
+    out = api.token(hs, cmf, 1, g.layers, g.invf, h, position=0, logits=logits, **kw)
+    assert out == TokenGraphOutcome.completed()
+    assert api.token(hs, cmf, 1, g.layers, g.invf, h, position=64, logits=logits, **kw).status == "declined"
+    assert api.token(hs, cmf, 1, g.layers, g.invf, h, position=1, logits=None, **kw).status == "declined"
+    # the card's GDN state is at row 1: a call at 5 fails (the sequence must be rebuilt)
+    out = api.token(hs, cmf, 1, g.layers, g.invf, h, position=5, logits=logits, **kw)
+    assert out.status == "failed" and "at row 1" in out.reason
+    assert [w for w, _ in hs.counters.declines] == ["hybrid token"] * 3
+
+
+def _kw(g, cap=64):
+    return dict(nh=g.nh, nkv=g.nkv, hd=g.hd, attn_scale=g.scale, rd=g.rd, hidden=g.hidden, cap=cap, gemma=g.gemma,
+                eps=g.eps)
+
+
+def test_taps_keep_the_rows_after_asked_layers(tiny):
+    cmf, g = tiny
+    hs, _, _ = _fakecard.fake_state()
+    hs.taps_wanted = (1, 3)
+    h = np.arange(g.hidden, dtype=np.float32)
+    out = api.token(hs, cmf, 1, g.layers, g.invf, h.copy(), position=0, **_kw(g))
+    assert out.ok
+    # the fake card runs no kernels: the residual rows are the uploaded row
+    assert hs.taps_out.shape == (2, 1, g.hidden) and (hs.taps_out == h).all()
+    assert next(iter(hs.graphs))[6] == (1, 3)
+    # a call that does not reach every asked layer keeps none
+    hs.taps_wanted = (9,)
+    hs.taps_out = None
+    assert api.token(hs, cmf, 1, g.layers, g.invf, h.copy(), position=1, **_kw(g)).ok
+    assert hs.taps_out is None
+
+
+def test_profile_stages_launch_directly(tiny, capsys):
+    cmf, g = tiny
+    hs, ctx, card = _fakecard.fake_state()
+    hs.prof = True
+    hs.debug = True
+    h = np.ones(g.hidden, np.float32)
+    logits = np.zeros(g.lm_rows, np.float32)
+    kw = dict(_kw(g), lm_head=(g.lm, g.lm_rows), final_norm=g.final_norm, logits=logits)
+    assert api.token(hs, cmf, 1, g.layers, g.invf, h, position=0, **kw).ok
+    assert card.captures == 0 and hs.counters.calls_n[1] == 1
+    timed = hs.counters.stage_ns[1]
+    # every stage but "silu" (made in the gate/up epilogue) was marked
+    assert (timed[[0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11]] > 0).all() and timed[8] == 0
+    from cortiq_drv.hybrid.graphs import report
+
+    report(hs)
+    err = capsys.readouterr().err
+    assert "0 recorded, 0 replays" in err and " 1 rows, 1 calls" in err and "gdn core" in err
+    hs.mem = True
+    hs.mem_report("a test")
+    assert "mem after a test" in capsys.readouterr().err
+
+
+def test_batch_outcomes(tiny):
+    from cortiq_drv.graph import SpecTail
+
+    cmf, g = tiny
+    hs, ctx, _ = _fakecard.fake_state()
+    kw = _kw(g)
+    h = np.ones((4, g.hidden), np.float32)
+    run = lambda pos, **x: api.batch(hs, cmf, 1, 0, g.layers, g.invf, h[:len(pos)], positions=pos, **kw, **x)
+    assert run([]).status == "declined"
+    assert run([0, 2]).status == "declined"
+    assert run([62, 63, 64]).status == "declined"
+    sp = SpecTail(g.lm, g.lm_rows, g.final_norm, pick=object())
+    assert run([0, 1], spec=sp).status == "declined"
+    assert not hs.gdn and not hs.kv
+    # a small prompt chunk, then a verify window with the head, then its greedy pick on the card
+    assert run([0, 1, 2]).ok and hs.gdn[(1, 0)].tape is None and hs.gdn[(1, 0)].next_pos == 3
+    sp = SpecTail(g.lm, g.lm_rows, g.final_norm)
+    assert run([3, 4, 5, 6], spec=sp).ok and sp.logits_out.shape == (4, g.lm_rows)
+    assert hs.gdn[(1, 0)].tape == (3, 4)
+    ctx.launches.clear()
+    ids = np.full(4, -1, np.int32)
+    assert run([7, 8, 9, 10], spec=SpecTail(g.lm, g.lm_rows, g.final_norm), argmax_out=ids).ok
+    pick = [l for l in ctx.launches if l.name == "hy_argmax"]
+    assert len(pick) == 1 and pick[0].grid == (4, 1) and (ids == 0).all()
