@@ -1,0 +1,305 @@
+"""The prompt path: a chunk of more than NMAX rows on cuBLAS (ports cuda_hybrid.rs `big`,
+`wd_cap`, `att_rows`, `BSTAGES`, `bst`; the far-field branch comes with a later issue).
+
+Per layer every weight is expanded from its repacked q4tp tiles into one f16 plane buffer
+(`hb_wd`, a band of tiles at a time when the matrix is larger than `CMF_HYB_WD_MB`) and
+multiplied by cuBLAS f16 GEMMs with f32 output. The GDN chunk goes through conv, ring, L2 norms,
+gates and the chunked delta rule (`hy_gdn_wy`, then `hy_gdn_chunk`), leaving the layer's state at
+the chunk's end for the small path to continue from. Attention is two strided-batched GEMMs a KV group over the
+f16 K/V mirror (its rows appended by `hy_qk` first), query rows in passes of `CMF_HYB_ATT_ROWS`
+halved until the scores fit a memory cap. Scratch is named (`hs.scr`) and reused across chunks.
+Kernels and their layouts: kernels/hyb_big.cuh.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from cortiq_drv import knobs
+from cortiq_drv.blas import Gemm
+from cortiq_drv.cu.args import kargs
+from cortiq_drv.errors import CortiqError
+from cortiq_drv.hybrid.mma import KIND_Q4TP
+from cortiq_drv.hybrid.launch import rope_rows
+from cortiq_drv.hybrid.plan import GdnL
+
+# Stages of CMF_CUDA_PROF=1 on the prompt path, summed over its chunks.
+BSTAGES = ("norms", "expand", "gemm", "gdn glue", "gdn scan", "attention", "act", "copies")
+# One attention pass's scores (key rows x query rows x heads x 4 bytes) stay under this...
+PASS_CAP = 384 << 20
+# ...and the score scratch is sized up front for a whole chunk's pass, up to this.
+WHOLE_CAP = 400 << 20
+# Rows a chunk of the GDN scan, and the dynamic shared memory of hy_gdn_wy and hy_gdn_chunk
+# (HB_C, HB_WY_SMEM, HB_CHUNK_SMEM of hyb_big.cuh).
+GDN_C = 64
+WY_SMEM = (2 * 64 * 129 + 64 * 65 + 2 * 64) * 4
+CHUNK_SMEM = (3 * 64 * 129 + 128 * 32 + 64 * 65 + 64 * 33 + 64) * 4
+
+
+class BigProf:
+    """The prompt path's stage times (`BSTAGE_NS`) and rows (`BROWS`), process-wide as the
+    reference keeps them."""
+
+    def __init__(self):
+        self.rows = 0
+        self.ns = [0] * len(BSTAGES)
+
+    def report(self) -> list[str]:
+        """Lines of ms per 1000 rows per stage (empty before any prompt row)."""
+        if not self.rows:
+            return []
+        per = lambda ns: ns / 1e6 / self.rows * 1000
+        return [f"cuda hybrid prompt path: {self.rows} rows"] + [
+            f"  {name:>10}: {per(ns):8.3f} ms per 1000 rows" for name, ns in zip(BSTAGES, self.ns)]
+
+
+PROF = BigProf()
+
+
+class _Stages:
+    """`bst`: with the profile on, a mark syncs the stream and adds the time since the last mark
+    to stage s; off, marks cost nothing."""
+
+    def __init__(self, ctx, on: bool):
+        self.ctx, self.on = ctx, on
+        self.t = time.perf_counter_ns()
+
+    def mark(self, s: int) -> None:
+        if self.on:
+            self.ctx.sync()
+            now = time.perf_counter_ns()
+            PROF.ns[s] += now - self.t
+            self.t = now
+
+
+def att_passes(pos0: int, b: int, col_base: int, nh: int, att_rows: int) -> list[tuple[int, int]]:
+    """The attention passes (first row, rows) of a chunk of b rows at pos0: at most `att_rows`
+    query rows each, halved (not below 64) while the pass's scores pass PASS_CAP."""
+    out, b0 = [], 0
+    while b0 < b:
+        p0 = pos0 + b0
+        bn = min(b - b0, att_rows)
+        while bn > 64 and (p0 + bn - col_base) * bn * nh * 4 > PASS_CAP:
+            bn = -(-bn // 2)
+        out.append((b0, bn))
+        b0 += bn
+    return out
+
+
+def _wmax(plan) -> tuple[int, int]:
+    """Elements of the plan's largest weight, and its widest row."""
+    mats = []
+    for l in plan.layers:
+        m = l.mix
+        mats += [l.gu, l.down, *([m.qkv, m.z, m.out] if isinstance(m, GdnL) else [m.q, m.k, m.v, m.o])]
+    return max((x.rows * x.cols for x in mats), default=0), max((x.cols for x in mats), default=0)
+
+
+class _Mul:
+    """y [b][ldy] = alpha W x + beta y for a repacked q4tp W and f16 rows x [b][cols]: the
+    weight expanded into `wd` (a band of tiles at a time when it is larger), then a GEMM."""
+
+    def __init__(self, ctx, fx, wd, wd_rows: int, b: int, st: _Stages):
+        self.ctx, self.fx, self.wd, self.wd_rows, self.b, self.st = ctx, fx, wd, wd_rows, b, st
+
+    def __call__(self, m, x, y, ldy: int, alpha: float = 1.0, beta: float = 0.0) -> None:
+        ctx, fx, wd = self.ctx, self.fx, self.wd
+        if m.kind != KIND_Q4TP:
+            raise CortiqError("a weight other than repacked q4tp on the prompt path")
+        if m.rows * m.cols <= self.wd_rows:
+            threads = -(-m.rows // 16) * (m.cols // 32) * 32
+            ctx.launch(fx.expand_p, (-(-threads // 256), 1), 256, 0,
+                       kargs("QQQQii", m.w, m.aux0, m.aux1, wd, m.rows, m.cols))
+            self.st.mark(1)
+            ctx.gemm(True, False, m.rows, self.b, m.cols, alpha, wd, m.cols, x, m.cols, beta, y, ldy, Gemm.HALF)
+            self.st.mark(2)
+            return
+        tiles = -(-m.rows // 16)
+        band = max(self.wd_rows // m.cols // 16, 1)
+        for t0 in range(0, tiles, band):
+            nt = min(band, tiles - t0)
+            r0 = t0 * 16
+            nr = min(nt * 16, m.rows - r0)
+            threads = nt * (m.cols // 32) * 32
+            ctx.launch(fx.expand_pr, (-(-threads // 256), 1), 256, 0,
+                       kargs("QQQQiiii", m.w, m.aux0, m.aux1, wd, m.rows, m.cols, t0, nt))
+            self.st.mark(1)
+            ctx.gemm(True, False, nr, self.b, m.cols, alpha, wd, m.cols, x, m.cols, beta, _ptr(y) + r0 * 4, ldy,
+                     Gemm.HALF)
+            self.st.mark(2)
+
+
+def _ptr(b) -> int:
+    return int(getattr(b, "ptr", b))
+
+
+def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages) -> None:
+    """A GDN layer over the chunk: qkv, z and a / b, the glue, the chunked scan (the state at
+    the chunk's end), the gated norm, out added to the residual."""
+    ctx, fx, hidden = hs.ctx, plan.fx, plan.hidden
+    vd = g.nv * g.dv
+    yq = hs.scr("hb_qkv", b * g.cdim * 4)
+    yz = hs.scr("hb_z", b * vd * 4)
+    yab = hs.scr("hb_ab", b * 2 * g.nv * 4)
+    cq = hs.scr("hb_cq", b * g.cdim * 4)
+    gbp = hs.scr("hb_gb", b * 2 * g.nv * 4)
+    yo = hs.scr("hb_o", b * vd * 4)
+    yof = hs.scr("hb_of", b * vd * 2)
+    mul(g.qkv, bxn, yq, g.cdim)
+    mul(g.z, bxn, yz, vd)
+    # the gate projections: f16 copies of the f32 rows, [a | b] per row
+    ctx.gemm(True, False, g.nv, b, hidden, 1.0, g.a_h, hidden, bxn, hidden, 0.0, yab, 2 * g.nv, Gemm.HALF)
+    ctx.gemm(True, False, g.nv, b, hidden, 1.0, g.b_h, hidden, bxn, hidden, 0.0, _ptr(yab) + g.nv * 4, 2 * g.nv,
+             Gemm.HALF)
+    ctx.launch(fx.conv32, (-(-b * g.cdim // 256), 1), 256, 0,
+               kargs("QiQQQiii", yq, g.cdim, gs.ring if g.kk > 1 else 0, g.taps, cq, b, g.cdim, g.kk))
+    if g.kk > 1:
+        ctx.launch(fx.ring, (-(-g.cdim // 256), 1), 256, 0, kargs("QQiiii", gs.ring, yq, g.cdim, b, g.cdim, g.kk))
+    ctx.launch(fx.prep32, (b * 2 * g.nk, 1), g.dk, 0, kargs("Qiii", cq, g.cdim, g.nk, g.dk))
+    ctx.launch(fx.gb32, (-(-b * g.nv // 256), 1), 256, 0, kargs("QQQQii", yab, g.a_log, g.dt_bias, gbp, b, g.nv))
+    st.mark(3)
+    # the chunked rule: every chunk's state-free part at once, then the state chunk by chunk
+    wg = hs.scr("hb_wg", g.nv * b * 4)
+    ww = hs.scr("hb_ww", g.nv * b * g.dk * 4)
+    wu = hs.scr("hb_wu", g.nv * b * g.dv * 4)
+    wp = hs.scr("hb_wp", g.nv * b * GDN_C * 4)
+    ctx.launch(fx.wy, (-(-b // GDN_C), g.nv), 256, WY_SMEM,
+               kargs("QQQQQQiiii", cq, gbp, wg, ww, wu, wp, b, g.cdim, g.nv, g.nk))
+    ctx.launch(fx.chunk, (vd // 32, 1), 256, CHUNK_SMEM,
+               kargs("QQQQQQQiiii", cq, wg, ww, wu, wp, gs.s, yo, b, g.cdim, g.nv, g.nk))
+    st.mark(4)
+    ctx.launch(fx.out_h, (b * g.nv, 1), g.dv, 0, kargs("QQiQQiif", yo, yz, vd, g.norm, yof, g.nv, g.dv, plan.eps))
+    st.mark(3)
+    mul(g.out, yof, bh, hidden, 1.0, 1.0)
+
+
+def attend(ctx, fx, scr, kp, vp, qgh, aog, bis, pos0: int, b: int, col_base: int, nkv: int, hpk: int, hd: int,
+           scale: float, hint: int) -> None:
+    """The chunk's attention over the mirror rows [0, pos0 + b - col_base), pass by pass (the
+    score GEMM, `hy_softmax_h`, the value GEMM): ao and isum group-major (kernels/hyb_big.cuh);
+    `scr(name, bytes)` gives the named scratch (sized up front for `hint` keys)."""
+    nh, lda, grow = nkv * hpk, nkv * hd, hpk * hd
+    att = knobs.get().hyb_att_rows
+    whole = min(max(hint, pos0 + b) * min(b, att) * nh * 4, WHOLE_CAP)
+    for b0, bn in att_passes(pos0, b, col_base, nh, att):
+        p0 = pos0 + b0
+        l_rows, cols = p0 + bn - col_base, bn * hpk
+        bs = scr("hb_s", max(nkv * l_rows * cols * 4, whole))
+        bp = scr("hb_p", max(nkv * l_rows * cols * 2, whole // 2))
+        # the mirrors hold f16 rows: both GEMMs on f16 operands (the query copy, the weights)
+        ctx.gemm_strided_batched_f16(True, l_rows, cols, hd, scale, kp, lda, hd, _ptr(qgh) + b0 * grow * 2, hd,
+                                     b * grow, bs, l_rows, l_rows * cols, nkv)
+        ctx.launch(fx.softmax_h, (nkv * cols, 1), 256, 0,
+                   kargs("QQQiiiiii", bs, bp, _ptr(bis) + b0 * hpk * 4, l_rows, p0, col_base, hpk, cols, b * hpk))
+        ctx.gemm_strided_batched_f16(False, hd, cols, l_rows, 1.0, vp, lda, hd, bp, l_rows, l_rows * cols,
+                                     _ptr(aog) + b0 * grow * 4, hd, b * grow, nkv)
+
+
+def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stages) -> None:
+    """A gated attention layer over the chunk: q, k, v; norms, rotary, the chunk's K/V rows into
+    the mirror; per pass the score GEMM, the masked softmax, the value GEMM; the normalised,
+    gated output; o added to the residual."""
+    ctx, fx = hs.ctx, plan.fx
+    nh, nkv, hd, hpk, hidden = plan.nh, plan.nkv, plan.hd, plan.hpk, plan.hidden
+    qr = a.q.rows
+    yq = hs.scr("hb_q", b * qr * 4)
+    yk = hs.scr("hb_k", b * nkv * hd * 4)
+    yv = hs.scr("hb_v", b * nkv * hd * 4)
+    qg = hs.scr("hb_qg", b * nh * hd * 4)
+    qgh = hs.scr("hb_qgh", b * nh * hd * 2)
+    gt = hs.scr("hb_gate", b * nh * hd * 4)
+    aog = hs.scr("hb_aog", b * nh * hd * 4)
+    bao = hs.scr("hb_ao", b * nh * hd * 2)
+    bis = hs.scr("hb_is", b * nh * 4)
+    mul(a.q, bxn, yq, qr)
+    mul(a.k, bxn, yk, nkv * hd)
+    mul(a.v, bxn, yv, nkv * hd)
+    if m.stored != pos0 or m.cap < pos0 + b:
+        raise CortiqError(f"K/V mirror holds {m.stored} of {m.cap} rows, the chunk is {b} rows at {pos0}")
+    slot0, col_base = m.stored, 0
+    m.stored += b
+    ctx.launch(fx.qk, (nh + nkv, b), hd, 0,
+               kargs("QiQQiQQQQQQQiiifiiiiQQ", yq, qr, yk, yv, nkv * hd, a.qn, a.kn, qg, gt, m.k, m.v, btab, nh, nkv,
+                     plan.half, plan.eps, int(plan.gemma), int(a.gated), slot0, b, 0, 0))
+    ctx.launch(fx.q_half_g, (-(-b * nh * hd // 256), 1), 256, 0, kargs("QQiiii", qg, qgh, b, nh, hpk, hd))
+    attend(ctx, fx, hs.scr, m.k, m.v, qgh, aog, bis, pos0, b, col_base, nkv, hpk, hd, plan.scale, hs.kv_hint)
+    ctx.launch(fx.attn_out, (-(-b * nh * hd // 256), 1), 256, 0,
+               kargs("QQQQiiii", aog, bis, gt if a.gated else 0, bao, nh, b, hpk, hd))
+    st.mark(5)
+    mul(a.o, bao, bh, hidden, 1.0, 1.0)
+
+
+def _ffn(hs, plan, pl, b: int, bxn, bh, mul: _Mul, st: _Stages) -> None:
+    """The dense FFN over the chunk: the post norm, gate/up as one GEMM in the pair's row order,
+    silu(gate) * up / 16 in f16, down with alpha 16 added to the residual."""
+    ctx, fx, inter = hs.ctx, plan.fx, pl.inter
+    bgu = hs.scr("hb_gu", b * 2 * inter * 4)
+    bmh = hs.scr("hb_mh", b * inter * 2)
+    ctx.launch(fx.rmsnorm, (b, 1), 256, 0, kargs("QQQifi", bh, pl.post_norm, bxn, plan.hidden, plan.eps,
+                                                 int(plan.gemma)))
+    st.mark(0)
+    mul(pl.gu, bxn, bgu, 2 * inter)
+    ctx.launch(fx.silu_pair, (-(-b * inter // 256), 1), 256, 0, kargs("QQii", bgu, bmh, inter, b))
+    st.mark(6)
+    mul(pl.down, bmh, bh, plan.hidden, 16.0, 1.0)
+
+
+def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: bool = False) -> None:
+    """Rows h [b, hidden] at contiguous `positions` through the plan's layers on the prompt path
+    (`big`); every layer's state admitted at positions[0] with room for b rows (`admit`). h
+    becomes the residual rows after the last layer, unless `defer`: then nothing comes back and
+    the stream runs on (a prompt's chunks before its last)."""
+    ctx, fx = hs.ctx, plan.fx
+    positions = [int(p) for p in positions]
+    b, pos0, hidden = len(positions), positions[0], plan.hidden
+    k = knobs.get()
+    st = _Stages(ctx, hs.prof)
+    bh = hs.scr("hb_h", b * hidden * 4)
+    bxn = hs.scr("hb_xn", b * hidden * 2)
+    wd_rows = max(k.hyb_wd_bytes, 1 << 20) // 2
+    # a large weight expands a band of rows at a time
+    elems, cols = _wmax(plan)
+    wd = hs.scr("hb_wd", min(elems, max(wd_rows, 16 * cols)) * 2)
+    want = hs.taps_wanted
+    tapping = bool(want) and layer_base == 0 and all(l < len(plan.layers) for l in want)
+    tapped = np.empty((len(want), b, hidden), dtype=np.float32) if tapping else None
+    tab = rope_rows(plan.invf, positions)
+    btab = hs.scr("hb_tab", max(tab.nbytes, 4))
+    bh.upload_async(np.ascontiguousarray(h, dtype=np.float32).reshape(-1))
+    if tab.size:
+        btab.upload_async(tab)
+    PROF.rows += b
+    st.mark(7)
+    mul = _Mul(ctx, fx, wd, wd_rows, b, st)
+    for li, pl in enumerate(plan.layers):
+        key = (kv_id, layer_base + li)
+        ctx.launch(fx.rmsnorm, (b, 1), 256, 0, kargs("QQQifi", bh, pl.in_norm, bxn, hidden, plan.eps,
+                                                     int(plan.gemma)))
+        st.mark(0)
+        if isinstance(pl.mix, GdnL):
+            gs = hs.gdn.get(key)
+            if gs is None or gs.next_pos != pos0:
+                raise CortiqError(f"GDN state of layer {li} missing or not at row {pos0}")
+            _gdn(hs, plan, pl.mix, gs, b, bxn, bh, mul, st)
+            gs.next_pos, gs.tape = pos0 + b, None
+        else:
+            m = hs.kv.get(key)
+            if m is None:
+                raise CortiqError(f"K/V mirror of layer {li} missing")
+            _attn(hs, plan, pl.mix, m, pos0, b, bxn, bh, btab, mul, st)
+        _ffn(hs, plan, pl, b, bxn, bh, mul, st)
+        if tapping and li in want:
+            # pageable: done when it returns
+            bh.download_async(tapped[list(want).index(li)])
+    if tapping:
+        ctx.sync()
+        hs.taps_out = tapped
+    if not defer:
+        out = np.empty((b, hidden), dtype=np.float32)
+        bh.download_async(out)
+        ctx.sync()
+        h.reshape(-1)[:] = out.reshape(-1)
+    st.mark(7)
+    hs.mem_report(f"a prompt chunk of {b} rows at {pos0}")

@@ -1,0 +1,287 @@
+"""The prompt path's numpy kernel references (hybrid/kernels_big_ref.py) against the host arm's
+math: the expansion against q4tp.decode (bits), the chunked delta rule against the serial scan,
+the GDN glue against the small path's front, the attention passes (two GEMMs a KV group emulated
+in float32 over f16 operands) against exact attention, the pair's FFN middle against
+silu(gate) * up.
+
+Tolerances: expansion bit-exact; f32 paths relative RMS <= 1e-5 (2e-5 for the chunked scan's
+regrouped sums); paths through f16 operands relative RMS <= 3e-3.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import _fakecard
+import _tiny
+from cortiq_drv.cmf import CmfFile, q4tp
+from cortiq_drv.graph import GraphAttn, SpecTail, build as graph_build
+from cortiq_drv.hybrid.admit import admit
+from cortiq_drv.hybrid.plan import plan_for
+from cortiq_drv.hybrid.state import HState
+from cortiq_drv.host.ops import F32, rms_norm, silu
+from cortiq_drv.hybrid import api
+from cortiq_drv.hybrid import kernels_big_ref as br
+from cortiq_drv.hybrid import kernels_ref as kr
+from cortiq_drv.hybrid.big import _Mul, _Stages, att_passes, big
+from cortiq_drv.hybrid.repack import pair_map, random_q4tp, repack_q4tp, repack_rows
+
+
+def rel_rms(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all() and np.isfinite(b).all()
+    return float(np.sqrt(np.mean((a - b) ** 2) / max(np.mean(b ** 2), 1e-300)))
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 32), (16, 64), (17, 96), (40, 1056)])
+def test_expand_is_decode_in_f16(rows, cols):
+    rng = np.random.default_rng(rows * 31 + cols)
+    p = random_q4tp(rows, cols, rng)
+    nib, codes, lad = repack_q4tp(p, rows, cols)
+    want = q4tp.decode(p, rows, cols).astype(np.float16)
+    got = br.expand(nib, codes, lad, rows, cols)
+    assert got.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+    ntile = -(-rows // 16)
+    for t0 in range(ntile):
+        band = br.expand(nib, codes, lad, rows, cols, t0, 1)
+        assert band.tobytes() == want[16 * t0:16 * t0 + 16].tobytes()
+
+
+def test_pair_gemm_then_silu_pair_is_the_ffn_middle():
+    rng = np.random.default_rng(5)
+    inter, cols, n = 24, 64, 5
+    g, u = random_q4tp(inter, cols, rng), random_q4tp(inter, cols, rng)
+    nib, codes, lad = repack_rows([(g, inter), (u, inter)], 2 * inter, cols, pair_map)
+    w = br.expand(nib, codes, lad, 2 * inter, cols).astype(F32)  # [2 inter, cols] pair order
+    x = rng.standard_normal((n, cols)).astype(np.float16).astype(F32)
+    gu = x @ w.T
+    mid = br.silu_pair_half(gu, inter).astype(F32) * F32(16)
+    gw = q4tp.decode(g, inter, cols).astype(np.float16).astype(F32)
+    uw = q4tp.decode(u, inter, cols).astype(np.float16).astype(F32)
+    want = silu(x @ gw.T) * (x @ uw.T)
+    assert rel_rms(mid, want) < 3e-3
+
+
+def gdn_inputs(rng, n, nk=2, nv=4, dk=128, dv=128, kk=4, hidden=64):
+    cdim = 2 * nk * dk + nv * dv
+    raw = rng.standard_normal((n, cdim)).astype(F32)
+    ring = rng.standard_normal((kk - 1, cdim)).astype(F32)
+    taps = (rng.standard_normal((cdim, kk)) * 0.5).astype(F32)
+    xn = rng.standard_normal((n, hidden)).astype(F32)
+    aw = (rng.standard_normal((nv, hidden)) * 0.2).astype(F32)
+    bw = (rng.standard_normal((nv, hidden)) * 0.2).astype(F32)
+    a_log = rng.uniform(-2, 1, nv).astype(F32)
+    dt_bias = rng.uniform(-1, 1, nv).astype(F32)
+    return raw, ring, taps, xn, aw, bw, a_log, dt_bias
+
+
+def test_gdn_glue_is_the_small_front():
+    rng = np.random.default_rng(1)
+    raw, ring, taps, xn, aw, bw, a_log, dt_bias = gdn_inputs(rng, 9)
+    nk, dk = 2, 128
+    cq_want, gb_want = kr.gdn_front(raw, ring, taps, xn, aw, bw, a_log, dt_bias, nk, dk)
+    cq = br.gdn_prep(br.gdn_conv(raw, ring, taps), nk, dk)
+    gb = br.gdn_gates(np.concatenate([xn @ aw.T, xn @ bw.T], axis=1), a_log, dt_bias)
+    assert rel_rms(cq, cq_want) < 1e-6
+    assert rel_rms(gb, gb_want) < 1e-6
+
+
+@pytest.mark.parametrize("n", [1, 17, 64, 65, 150])
+def test_chunked_delta_rule_is_the_serial_scan(n):
+    rng = np.random.default_rng(n)
+    raw, ring, taps, xn, aw, bw, a_log, dt_bias = gdn_inputs(rng, n)
+    cq, gb = kr.gdn_front(raw, ring, taps, xn, aw, bw, a_log, dt_bias, 2, 128)
+    s0 = (rng.standard_normal((4, 128, 128)) * 0.1).astype(F32)
+    o_want, s_want = kr.gdn_scan(cq, gb, s0, 2)
+    o, s = br.gdn_delta(cq, gb, s0, 2)
+    assert rel_rms(o, o_want) < 2e-5
+    assert rel_rms(s, s_want) < 2e-5
+
+
+def test_chunked_delta_rule_survives_a_vanishing_decay():
+    rng = np.random.default_rng(3)
+    raw, ring, taps, xn, aw, bw, a_log, dt_bias = gdn_inputs(rng, 70)
+    cq, gb = kr.gdn_front(raw, ring, taps, xn, aw, bw, a_log, dt_bias, 2, 128)
+    gb[5:9, :4] = 0.0
+    s0 = np.zeros((4, 128, 128), F32)
+    o_want, s_want = kr.gdn_scan(cq, gb, s0, 2)
+    o, s = br.gdn_delta(cq, gb, s0, 2)
+    assert rel_rms(o, o_want) < 2e-5
+    assert rel_rms(s, s_want) < 2e-5
+
+
+def test_gdn_out_h_is_the_gated_norm():
+    rng = np.random.default_rng(2)
+    o, z = rng.standard_normal((2, 5, 4 * 128)).astype(F32)
+    norm = rng.uniform(0.5, 1.5, 128).astype(F32)
+    want = kr.gdn_out(o, z, norm, 4, 1e-6)
+    assert rel_rms(br.gdn_out_h(o, z, norm, 4, 1e-6).astype(F32), want) < 1e-3
+
+
+def test_rmsnorm_h():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 96)).astype(F32) * 4
+    w = rng.standard_normal(96).astype(F32) * 0.1
+    assert rel_rms(br.rmsnorm_h(x, w, 1e-6, True).astype(F32), rms_norm(x, w, 1e-6, True)) < 1e-3
+
+
+def attention_by_passes(qg, gate, kmir, vmir, n0, scale, att_rows):
+    """big's attention over mirror rows [0, n0 + n): passes of query rows, per pass the score
+    GEMM, hy_softmax_h, the value GEMM (float32 over f16 operands), then hy_attn_out."""
+    n, nh, hd = qg.shape
+    nkv = kmir.shape[1]
+    hpk = nh // nkv
+    qh = br.q_half_g(qg, nkv).astype(F32)  # [nkv, n, hpk, hd]
+    ao = np.zeros((nkv, n, hpk, hd), F32)
+    isum = np.zeros((nkv, n * hpk), F32)
+    kf, vf = kmir.astype(F32), vmir.astype(F32)
+    for b0, bn in att_passes(n0, n, 0, nh, att_rows):
+        l_rows = n0 + b0 + bn
+        q = qh[:, b0:b0 + bn].reshape(nkv, bn * hpk, hd)
+        s = F32(scale) * np.einsum("gcd,kgd->gck", q, kf[:l_rows])  # [nkv, cols, l_rows]
+        p, inv = br.softmax_h(s.astype(F32), n0 + b0, 0, hpk)
+        out = np.einsum("gck,kgd->gcd", p.astype(F32), vf[:l_rows])
+        ao[:, b0:b0 + bn] = out.reshape(nkv, bn, hpk, hd)
+        isum[:, b0 * hpk:(b0 + bn) * hpk] = inv
+    return br.attn_out(ao, isum, gate)
+
+
+@pytest.mark.parametrize("n0,n,att_rows", [(0, 17, 128), (5, 40, 16), (100, 33, 16)])
+def test_attention_passes_are_attention(n0, n, att_rows):
+    rng = np.random.default_rng(n0 + n)
+    nh, nkv, hd = 8, 2, 64
+    kmir = rng.standard_normal((n0 + n, nkv, hd)).astype(np.float16)
+    vmir = rng.standard_normal((n0 + n, nkv, hd)).astype(np.float16)
+    qg = rng.standard_normal((n, nh, hd)).astype(F32)
+    gate = rng.standard_normal((n, nh, hd)).astype(F32)
+    scale = 1 / np.sqrt(hd)
+    want = kr.attention(qg, kmir, vmir, n0, scale, gate)
+    got = attention_by_passes(qg, gate, kmir, vmir, n0, scale, att_rows).astype(F32)
+    assert rel_rms(got, want) < 3e-3
+
+
+def test_att_passes_cover_the_rows_and_shrink_under_the_cap():
+    ps = att_passes(0, 300, 0, 16, 128)
+    assert ps == [(0, 128), (128, 128), (256, 44)]
+    # 1M keys x 128 rows x 16 heads x 4 bytes is past the 384 MiB cap: the pass halves to fit
+    big = att_passes(1 << 20, 128, 0, 16, 128)
+    assert sum(bn for _, bn in big) == 128 and all(bn == 64 for _, bn in big)
+    assert att_passes(10, 16, 10, 4, 128) == [(0, 16)]
+
+
+# ---- big on a fake card: what it launches and asks cuBLAS for ------------------------------
+
+class GemmCtx(_fakecard.FakeCtx):
+    """A fake context that also records cuBLAS calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.gemms = []
+
+    def gemm(self, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, mode):
+        self.gemms.append(("gemm", m, n, k, alpha, int(getattr(c, "ptr", c)), ldc, beta))
+
+    def gemm_strided_batched_f16(self, ta, m, n, k, alpha, a, lda, sa, b, ldb, sb, c, ldc, sc, count, tb=False,
+                                 beta=0.0):
+        self.gemms.append(("batched", ta, m, n, k, lda, sa, ldb, sb, ldc, sc, count))
+
+
+def kernel_formats() -> dict:
+    """Every `extern "C"` kernel of the hybrid sources (hyb_big.cuh included) as kargs codes."""
+    out = {}
+    for path in sorted((Path(_fakecard.__file__).parents[2] / "cortiq_drv" / "kernels").glob("hyb_*.cuh")):
+        for fn, params in _fakecard._SIG.findall(path.read_text()):
+            if fn == _fakecard._MACRO:
+                continue
+            ps = [p.strip() for p in params.split(",") if p.strip()]
+            out[fn] = "".join("Q" if "*" in p or p.startswith("u64") else "f" if p.split()[-2] == "float"
+                              else "i" for p in ps)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = _tiny.write_tiny(tmp_path_factory.mktemp("big") / "t.cmf", linear_key_head_dim=128,
+                            linear_value_head_dim=128)
+    cmf = CmfFile.open(path)
+    yield cmf, graph_build(cmf)
+    cmf.close()
+
+
+def _prompt(tiny, chunks):
+    """A fresh fake card; the tiny model's prompt through big in chunks of these sizes."""
+    cmf, g = tiny
+    ctx = GemmCtx()
+    hs = HState(ctx, _fakecard.FakeCard(ctx, _fakecard.Heap(256 << 20)))
+    p = plan_for(hs, cmf, g.layers, 0, None, None, g.nh, g.nkv, g.hd, g.rd, g.hidden, g.gemma, g.eps, g.scale,
+                 g.invf, 0)
+    pos = 0
+    for n in chunks:
+        assert admit(hs, p, g.layers, 1, 0, pos, n, 0) is None
+        h = np.ones((n, g.hidden), F32)
+        big(hs, p, 1, 0, range(pos, pos + n), h)
+        pos += n
+    return hs, ctx, p, g
+
+
+def test_big_launches_match_the_kernel_signatures(tiny):
+    hs, ctx, p, g = _prompt(tiny, [40, 17])
+    fmts = kernel_formats()
+    names = [l.name for l in ctx.launches]
+    for l in ctx.launches:
+        assert l.fmt == fmts[l.name], l.name
+    n_gdn = sum(isinstance(l.attn, GraphAttn.Gdn) for l in g.layers)
+    assert names.count("hy_gdn_chunk") == names.count("hy_gdn_wy") == 2 * n_gdn
+    assert names.count("hy_qk") == 2 * (len(g.layers) - n_gdn)
+    # the state moved on: GDN rows and mirror rows at the prompt's end
+    assert all(s.next_pos == 57 for s in hs.gdn.values())
+    assert all(m.stored == 57 for m in hs.kv.values())
+
+
+def test_big_gemm_shapes(tiny):
+    hs, ctx, p, g = _prompt(tiny, [40, 17])
+    weights = [x for x in ctx.gemms if x[0] == "gemm"]
+    # q, k, v, o or qkv, z, a, b, out; then gate/up and down, per layer and chunk
+    per_layer = [6 if isinstance(l.attn, GraphAttn.Full) else 7 for l in g.layers]
+    assert len(weights) == 2 * sum(per_layer)
+    assert {x[2] for x in weights} == {40, 17}
+    # down: alpha 16 into the residual (beta 1)
+    inter = g.layers[0].ffn.gate.rows
+    downs = [x for x in weights if x[4] == 16.0]
+    assert len(downs) == 2 * len(g.layers) and all(x[3] == inter and x[7] == 1.0 for x in downs)
+    hpk = g.nh // g.nkv
+    scores = [x for x in ctx.gemms if x[0] == "batched" and x[1]]
+    # one pass a chunk (att_rows 128); the second chunk's keys are every row so far
+    assert [(x[2], x[3], x[4], x[11]) for x in scores] == [(40, 40 * hpk, g.hd, g.nkv), (57, 17 * hpk, g.hd, g.nkv)]
+    assert all(x[5] == g.nkv * g.hd and x[6] == g.hd and x[10] == x[2] * x[3] for x in scores)
+
+
+def test_mul_expands_in_bands():
+    ctx = GemmCtx()
+    fx = _fakecard.FakeCard(ctx, _fakecard.Heap(1 << 20)).funcs(4, 256)
+    m = _fakecard.FakeMat(6, 100, 64, 0x1000, 0x2000, 0x3000, None)
+    mul = _Mul(ctx, fx, 0x9000, 2 * 16 * 64, 5, _Stages(ctx, False))
+    mul(m, 0x4000, 0x8000, 100)
+    ex = [l for l in ctx.launches if l.name == "hy_expand_pr"]
+    assert [int.from_bytes(l.args[6], "little", signed=True) for l in ex] == [0, 2, 4, 6]
+    assert [int.from_bytes(l.args[7], "little", signed=True) for l in ex] == [2, 2, 2, 1]
+    assert [(x[1], x[5] - 0x8000) for x in ctx.gemms] == [(32, 0), (32, 128), (32, 256), (4, 384)]
+    ctx2 = GemmCtx()
+    _Mul(ctx2, fx, 0x9000, 100 * 64, 5, _Stages(ctx2, False))(m, 0x4000, 0x8000, 100)
+    assert [l.name for l in ctx2.launches] == ["hy_expand_p"] and ctx2.gemms[0][1:4] == (100, 5, 64)
+
+
+def test_batch_takes_a_prompt_chunk_to_big(tiny):
+    cmf, g = tiny
+    ctx = GemmCtx()
+    hs = HState(ctx, _fakecard.FakeCard(ctx, _fakecard.Heap(256 << 20)))
+    kw = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, rd=g.rd, hidden=g.hidden, cap=4096, gemma=g.gemma, eps=g.eps,
+              attn_scale=g.scale)
+    h = np.ones((17, g.hidden), F32)
+    assert api.batch(hs, cmf, 1, 0, g.layers, g.invf, h, positions=range(17), **kw).ok
+    assert "hy_gdn_chunk" in [l.name for l in ctx.launches]
+    assert all(s.next_pos == 17 for s in hs.gdn.values())
+    # a verify window of 17 rows stays declined
+    sp = SpecTail(g.lm, g.lm_rows, g.final_norm)
+    assert api.batch(hs, cmf, 1, 0, g.layers, g.invf, h, positions=range(17, 34), spec=sp, **kw).status == "declined"
