@@ -95,10 +95,17 @@ def _generate(engine, prompt, max_tokens: int, sampling, spec_k: int, chat: bool
         if t.id not in engine.stop_ids:
             print(t.text, end="", flush=True)
     c = engine.counters
-    print(f"\n[{engine.device}: {engine.device_reason}]")
+    arm = "the card (CUDA hybrid arm)" if engine.device == "cuda" else "the host arm (numpy)"
+    print(f"\n[{engine.device}: {engine.device_reason}] ran on {arm}")
     print(f"prompt {c.prompt_tokens} tokens at {c.prompt_tps:.1f} tok/s; decode {c.decode_tokens} "
           f"tokens at {c.decode_tps:.1f} tok/s; drafts accepted {c.drafts_accepted} of "
           f"{c.drafts_proposed} in {c.verify_rounds} verify rounds (k={spec_k})")
+    if engine.card is not None:
+        where = "host" if engine.card.mtp_on_host else "card"
+        print(f"card: {c.graphs_recorded} graphs recorded, {c.graph_replays} replays, "
+              f"{c.card_declines} declines; MTP drafts on the {where}"
+              + (f" ({engine.card.mtp_on_host})" if engine.card.mtp_on_host else ""))
+        engine.card.report()
     if c.sealed_layers:
         f = engine.far
         print(f"far field: layers {list(c.sealed_layers)} sealed at {f.seal_at} rows "
@@ -137,7 +144,7 @@ def _cmd_demo(args) -> int:
     if not path.is_file():
         print(f"building the embedded default model at {path} ...", flush=True)
         default_model_path(build=True)
-    engine = Engine.open(path, device="auto")
+    engine = Engine.open(path, device=args.device)
     print(engine.model.cmf.header.get("description")
           or "the embedded default model: RANDOM weights, its text is meaningless")
     print("note: the weights are random, so the answer below is noise; it shows the engine running")
@@ -164,7 +171,7 @@ def _register(sub) -> None:
     p.add_argument("model")
     p.add_argument("--ids", required=True, help="comma-separated token ids, e.g. 1,2,3")
     p.add_argument("--out", required=True, help="the .npy file to write")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    _device_arg(p)
     p.set_defaults(func=_cmd_logits)
     p = sub.add_parser("run", help="generate from a prompt (default model: the embedded one)")
     p.add_argument("model", nargs="?", help="a CMF file (default: the embedded random model)")
@@ -175,11 +182,18 @@ def _register(sub) -> None:
     p.add_argument("--top-p", type=float, default=0.8)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a chat user turn")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    _device_arg(p)
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("demo", help="run the embedded default model (random weights) and show speed")
     _gen_args(p, "Write a haiku about the sea.")
+    _device_arg(p)
     p.set_defaults(func=_cmd_demo)
+
+
+def _device_arg(p) -> None:
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="cuda: the card; cpu: the host arm; auto: the card when there is one that "
+                        "takes the model (default)")
 
 
 def _gen_args(p, prompt: str) -> None:

@@ -2,9 +2,12 @@
 MTP block's drafts, seal attention layers into far fields past a prompt length.
 
 `Engine.open(path, device="auto"|"cpu"|"cuda")`; `logits(ids)`; `generate(prompt or ids, ...)`
-streams `Token`s; `chat(messages, ...)` renders a chat and generates. The host arm (`HostModel`)
-runs everything; the CUDA arm is not wired in yet, so `device="cuda"` raises `NoDevice` and
-"auto" takes the host arm (`device_reason` says why).
+streams `Token`s; `chat(messages, ...)` renders a chat and generates. Two arms run a generation
+through one sequence protocol (`prefill`, `step`, `verify`, `accept`, `draft`, `pos`): the host
+arm (`HostModel`, `_HostSeq` here) and the card (`engine_cuda.CardSeq`, the CUDA hybrid arm).
+"cuda" raises `NoDevice` without a usable device and `Declined` when the card cannot take the
+model; "auto" takes the card when it can, else the host arm, and falls back to the host arm when
+the card declines a prompt (`device_reason` says why). Past the prompt a decline surfaces.
 
 Speculation (the reference's speculative rounds): after each emitted token the MTP block drafts
 k tokens; the tip and its drafts go through one verify window; row i's token is chosen exactly as
@@ -24,7 +27,7 @@ import numpy as np
 
 from cortiq_drv import knobs
 from cortiq_drv.chat import ChatTemplate, stop_ids as header_stop_ids
-from cortiq_drv.errors import CortiqError, NoDevice
+from cortiq_drv.errors import CortiqError, CudaError, Declined, NoDevice
 from cortiq_drv.graph import GraphAttn
 from cortiq_drv.host import HostModel, Sequence
 from cortiq_drv.nystrom import FarLayer
@@ -70,6 +73,10 @@ class Counters:
     drafts_accepted: int = 0
     verify_rounds: int = 0
     sealed_layers: tuple = ()
+    # the card's small-path graphs recorded and replayed, and its declines, during the call
+    graphs_recorded: int = 0
+    graph_replays: int = 0
+    card_declines: int = 0
 
     @property
     def prompt_tps(self) -> float:
@@ -91,24 +98,59 @@ class Token:
 
 @dataclass
 class _Run:
-    """One generation's moving parts: the sequence, the sampler, the ids so far, the last row's
-    logits and residual (the MTP block's input)."""
+    """One generation's moving parts: the sequence (`_HostSeq` or `CardSeq`), the sampler, the
+    ids so far, the last row's logits and residual (the MTP block's input)."""
 
-    seq: Sequence
+    seq: object
     sampler: Sampler
     history: list
     logits: np.ndarray
     hidden: np.ndarray
 
 
+class _HostSeq:
+    """A host `Sequence` behind the engine's sequence protocol (what `CardSeq` does on the card)."""
+
+    def __init__(self, engine: "Engine", seq: Sequence):
+        self.engine = engine
+        self.seq = seq
+
+    @property
+    def pos(self) -> int:
+        return self.seq.pos
+
+    def prefill(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.engine.prefill(self.seq, ids)
+        return rows.logits[-1], rows.hidden[-1]
+
+    def step(self, tok: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.engine.model.run(self.seq, [tok], head="all")
+        return rows.logits[0], rows.hidden[0]
+
+    def verify(self, toks: list[int], pick: bool):
+        rows = self.engine.model.run(self.seq, toks, head="all", window=True)
+        return rows.logits, None, rows.hidden
+
+    def accept(self, keep: int) -> None:
+        self.seq.accept(keep)
+
+    def draft(self, hidden: np.ndarray, tip: int, k: int, valid: int) -> list[int]:
+        return self.engine.model.mtp_draft(self.seq, hidden, tip, self.seq.pos, k, rows=valid)
+
+
 class Engine:
-    """A model opened for generation on one arm (only the host arm exists so far)."""
+    """A model opened for generation on one arm: the host arm, or the card (`card`, a
+    `engine_cuda.CardArm`) with the host model beside it for embeddings and sampling."""
 
     def __init__(self, model: HostModel, *, device: str, device_reason: str,
-                 far: FarSettings | None = None, chunk: int = PROMPT_CHUNK):
+                 far: FarSettings | None = None, chunk: int = PROMPT_CHUNK, card=None,
+                 fallback: bool = False):
         self.model = model
         self.device = device
         self.device_reason = device_reason
+        self.card = card
+        # "auto": a prompt the card declines runs on the host arm instead
+        self.fallback = fallback
         self.far = far if far is not None else FarSettings.from_knobs()
         self.chunk = chunk
         self.counters = Counters()
@@ -119,19 +161,37 @@ class Engine:
 
     @classmethod
     def open(cls, path, device: str = "auto", **kw) -> Engine:
-        """Open the CMF at `path` on `device`: "cpu" (the host arm), "cuda" (not available yet:
-        raises NoDevice), "auto" (the host arm, `device_reason` says why)."""
+        """Open the CMF at `path` on `device`: "cpu" (the host arm), "cuda" (the card: NoDevice
+        without one, Declined when it cannot take the model), "auto" (the card when it can take
+        the model, else the host arm; `device_reason` says why)."""
         path = Path(path)
         if not path.is_file():
             raise CortiqError(f"{path}: no such model file")
-        if device == "cuda":
-            raise NoDevice("the engine's CUDA arm is not available yet in cortiq_drv; "
-                           "use device='cpu' (the host arm)")
-        if device not in ("auto", "cpu"):
+        if device not in ("auto", "cpu", "cuda"):
             raise CortiqError(f"device {device!r}: expected 'auto', 'cpu' or 'cuda'")
-        reason = ("asked for the host arm" if device == "cpu"
-                  else "the engine's CUDA arm is not available yet: running on the host arm")
-        return cls(HostModel.open(path), device="cpu", device_reason=reason, **kw)
+        model = HostModel.open(path)
+        if device == "cpu":
+            return cls(model, device="cpu", device_reason="asked for the host arm", **kw)
+        from cortiq_drv.engine_cuda import CardArm
+
+        far = kw.get("far") if kw.get("far") is not None else FarSettings.from_knobs()
+        try:
+            card = CardArm.open(model, far)
+        except (NoDevice, CudaError, Declined) as e:
+            if device == "cuda":
+                raise
+            return cls(model, device="cpu", device_reason=f"{e}: running on the host arm", **kw)
+        reason = "asked for the card" if device == "cuda" else "a CUDA device takes the model"
+        return cls(model, device="cuda", device_reason=f"{reason} ({card.hs.ctx.arch})", card=card,
+                   fallback=device == "auto", **kw)
+
+    def _to_host(self, e: Declined) -> None:
+        """Under "auto": the card declined a prompt, the host arm runs from now on."""
+        if not self.fallback:
+            raise e
+        self.card.release()
+        self.card, self.device = None, "cpu"
+        self.device_reason = f"the card declined ({e}): running on the host arm"
 
     # -- vocabulary -----------------------------------------------------------------------------
 
@@ -222,6 +282,11 @@ class Engine:
         """float32 [len(ids), vocab]: the logits at every position of `ids` from a fresh sequence."""
         ids = self.encode(list(ids))
         self.counters = Counters()
+        if self.card is not None:
+            try:
+                return self.card.logits(ids)
+            except Declined as e:
+                self._to_host(e)
         return np.ascontiguousarray(self.prefill(self.new_sequence(), ids, "all").logits,
                                     dtype=np.float32)
 
@@ -246,18 +311,33 @@ class Engine:
         stream = self.tokenizer.stream() if (isinstance(prompt, str) if text is None else text) else None
         return self._stream(ids, max_tokens, Sampler(sampling, self.valid), stops, spec_k, stream)
 
+    def _prompt(self, ids: list[int], max_tokens: int):
+        """A fresh sequence on the engine's arm with the prompt in: (sequence, last row's logits,
+        residual row). A prompt the card declines runs on the host arm under "auto"."""
+        if self.card is not None:
+            seq = self.card.sequence(self.valid, len(ids) + max_tokens)
+            try:
+                return (seq, *seq.prefill(ids))
+            except Declined as e:
+                self._to_host(e)
+        seq = _HostSeq(self, self.new_sequence())
+        return (seq, *seq.prefill(ids))
+
     def _stream(self, ids, max_tokens, sampler, stops, spec_k, stream) -> Iterator[Token]:
         """`generate`'s work: the prompt, then the tokens with their text, timed."""
         self.counters = c = Counters()
+        before = self.card.counters() if self.card is not None else None
         t0 = time.perf_counter()
-        seq = self.new_sequence()
-        rows = self.prefill(seq, ids)
+        seq, logits, hidden = self._prompt(ids, max_tokens)
         c.prompt_tokens, c.prompt_s = len(ids), time.perf_counter() - t0
-        run = _Run(seq, sampler, list(ids), rows.logits[-1], rows.hidden[-1])
+        run = _Run(seq, sampler, list(ids), logits, hidden)
         t0 = time.perf_counter()
         for n, tok in enumerate(self._tokens(run, max_tokens, stops, spec_k)):
             # the first token comes from the prompt's last row: decode speed counts the rest
             c.decode_tokens, c.decode_s = n, time.perf_counter() - t0
+            if self.card is not None:
+                c.graphs_recorded, c.graph_replays, c.card_declines = (
+                    a - b for a, b in zip(self.card.counters(), before))
             yield Token(tok, (stream.step(tok) or "") if stream is not None else "")
 
     def _tokens(self, run: _Run, max_tokens: int, stops: set, spec_k: int) -> Iterator[int]:
@@ -281,32 +361,34 @@ class Engine:
             if k > 0:
                 pending = self._round(run, tip, k)
             else:
-                rows = self.model.run(run.seq, [tip], head="all")
-                run.hidden = rows.hidden[0]
-                pending = [run.sampler(rows.logits[0], run.history)]
+                logits, run.hidden = run.seq.step(tip)
+                pending = [run.sampler(logits, run.history)]
             tip = pending[-1]
 
     def _round(self, run: _Run, tip: int, k: int) -> list[int]:
         """One speculative round after `tip`: k drafts, one verify window, greedy acceptance.
         Returns the accepted drafts and then the next tip (the token the first rejected row, or
         the last row, chooses); the sequence keeps the tip's row and the accepted drafts' rows."""
-        seq, c = run.seq, self.counters
-        drafts = self.model.mtp_draft(seq, run.hidden, tip, seq.pos, k, rows=self.valid)
-        rows = self.model.run(seq, [tip] + drafts, head="all", window=True)
+        seq, c, s = run.seq, self.counters, run.sampler.sampling
+        drafts = seq.draft(run.hidden, tip, k, self.valid)
+        # a greedy pick without penalties is each row's argmax: taken on the card when there
+        pick = s.greedy and s.repetition_penalty == 1 and not s.presence_penalty
+        logits, ids, hidden = seq.verify([tip] + drafts, pick)
+        choose = (lambda i, h: int(ids[i])) if ids is not None else lambda i, h: run.sampler(logits[i], h)
         c.drafts_proposed += k
         c.verify_rounds += 1
         history = list(run.history)
         out = []
         for i, d in enumerate(drafts):
-            out.append(run.sampler(rows.logits[i], history))
+            out.append(choose(i, history))
             if out[-1] != d:
                 break
             c.drafts_accepted += 1
             history.append(d)
         else:
-            out.append(run.sampler(rows.logits[k], history))
+            out.append(choose(k, history))
         seq.accept(len(out))
-        run.hidden = rows.hidden[len(out) - 1]
+        run.hidden = hidden[len(out) - 1]
         return out
 
     def chat(self, messages: list[dict], *, enable_thinking: bool = True, tools=None,

@@ -1,0 +1,281 @@
+"""Decode speed of the card's small path on random-payload Qwen3.5 shapes (issue 6, docs/PERF.md),
+as JSON lines on stdout (and appended to --out).
+
+For each shape of `default_model.SHAPES` (9b, 27b): the model written into a temporary directory
+by `default_model.build_model` (random q4tp payloads; `--source mem` makes the payloads in memory
+instead, `bench_prefill.MemCmf`), a prompt of --prompt rows through the prompt path, then decode
+steps as the engine runs them (`api.token`, the head over every row of the LM head, the residual
+row back). One line per shape:
+
+- `ms_per_token`: wall time of a step, median over --tokens steps after --warmup;
+- `device_ms_per_token`: the step's recorded graph replayed back to back (events), and
+  `host_us_per_token` = wall - device (booking, uploads, the logits download, Python);
+- `bytes_per_token`: what a step must read (every repacked matrix's tiles, codes and ladders, the
+  GDN gate projections, GDN states read and written, the K/V rows at the position), `read_tbps`
+  of a 4 GiB streaming read measured in the same run (`bench_kernels.read_bandwidth`),
+  `floor_ms` = bytes / read bandwidth and `ratio` = floor_ms / ms_per_token (issue 6: >= 0.6 on 9b);
+- `graph_nodes`: the kernel launches one step records (counted in a direct step; a decode step
+  has no device copies).
+
+Then each matvec's TB/s at --rows rows (`bench_kernels.bench_matrix`, lines with bench "hy_mmp").
+Usage: python tools/bench_decode.py [--shapes 9b,27b] [--tokens 64] [--prompt 512] [--rows 1,4,8,16]
+       [--source file|mem] [--dir DIR] [--skip-matvec] [--out FILE.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+# sibling tools, importable when this file runs as a script
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+KV_ID = 7
+
+
+class _Counting:
+    """A context that counts kernel launches and hands everything to the real one."""
+
+    def __init__(self, ctx):
+        self.__dict__.update(_ctx=ctx, launches=0)
+
+    def launch(self, *a) -> None:
+        self.__dict__["launches"] += 1
+        self._ctx.launch(*a)
+
+    def launch_3d(self, *a) -> None:
+        self.__dict__["launches"] += 1
+        self._ctx.launch_3d(*a)
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self._ctx, name, value)
+
+
+def step_bytes(g, pos: int) -> dict:
+    """Bytes a decode step at `pos` reads, by part (tiles + codes + ladders of each matrix)."""
+    from cortiq_drv.graph import GraphAttn
+    from cortiq_drv.hybrid.repack import planes_bytes
+
+    w = planes_bytes(g.lm_rows, g.hidden)
+    state, kv, small = 0, 0, 0
+    for l in g.layers:
+        a, f = l.attn, l.ffn
+        w += planes_bytes(2 * f.gate.rows, g.hidden) + planes_bytes(f.down.rows, f.down.cols)
+        if isinstance(a, GraphAttn.Gdn):
+            w += sum(planes_bytes(m.rows, m.cols) for m in (a.qkv, a.z, a.out))
+            small += 2 * a.nv * g.hidden * 4
+            cdim = 2 * a.nk * a.dk + a.nv * a.dv
+            state += 2 * (a.nv * a.dk * a.dv + (a.kk - 1) * cdim) * 4
+        else:
+            w += sum(planes_bytes(m.rows, m.cols) for m in (a.wq, a.wk, a.wv, a.wo))
+            kv += 2 * (pos + 1) * g.nkv * g.hd * 2
+    return {"weights": w, "gdn_state": state, "kv": kv, "small": small}
+
+
+def _model(label: str, source: str, tmp: Path):
+    """(cmf, seconds to make it) of the shape's random-payload model."""
+    from cortiq_drv.cmf import CmfFile
+    from cortiq_drv.default_model import SHAPES, build_model
+
+    t0 = time.perf_counter()
+    if source == "mem":
+        from bench_prefill import MemCmf
+
+        return MemCmf(SHAPES[label], label), time.perf_counter() - t0
+    path = build_model(SHAPES[label], tmp / f"{label}.cmf", label)
+    return CmfFile.open(path), time.perf_counter() - t0
+
+
+def _prompt(hs, cmf, g, geo, n: int, rng) -> None:
+    """n random rows from row 0 as the engine runs a prompt: all but the last through the prompt
+    path (nothing back), the last through `token` with the head."""
+    from cortiq_drv.engine_cuda import CARD_CHUNK, prompt_chunks
+    from cortiq_drv.hybrid import api
+
+    h = rng.standard_normal((n, g.hidden)).astype(np.float32)
+    for s, e in prompt_chunks(n - 1, CARD_CHUNK):
+        out = api.batch(hs, cmf, KV_ID, 0, g.layers, g.invf, np.ascontiguousarray(h[s:e]),
+                        positions=range(s, e), defer=True, **geo)
+        if not out.ok:
+            raise SystemExit(f"prompt rows {s}..{e}: {out.status}: {out.reason}")
+    _steps(hs, cmf, g, geo, n - 1, 1, rng)
+
+
+def _steps(hs, cmf, g, geo, pos0: int, n: int, rng) -> list[float]:
+    """n decode steps from pos0 with the head and the residual row back: seconds each."""
+    from cortiq_drv.hybrid import api
+
+    logits = np.empty(g.lm_rows, dtype=np.float32)
+    times = []
+    for i in range(n):
+        h = rng.standard_normal(g.hidden).astype(np.float32)
+        t0 = time.perf_counter()
+        out = api.token(hs, cmf, KV_ID, g.layers, g.invf, h, position=pos0 + i, lm_head=(g.lm, g.lm_rows),
+                        final_norm=g.final_norm, logits=logits, hidden_too=True, **geo)
+        times.append(time.perf_counter() - t0)
+        if not out.ok:
+            raise SystemExit(f"decode at {pos0 + i}: {out.status}: {out.reason}")
+    return times
+
+
+def _device_ms(hs, cmf, g, reps: int) -> float | None:
+    """Milliseconds a replay of the one-row step's graph takes, back to back (None: no graph)."""
+    from cortiq_drv.cu import Event
+    from cortiq_drv.hybrid.graphs import graph_key
+
+    plan = hs.plans.get((cmf.uid, 0, len(g.layers), True))
+    rec = None if plan is None else hs.graphs.get(graph_key(plan, KV_ID, 0, 1, False, True, ()))
+    if rec is None:
+        return None
+    e0, e1 = Event(hs.ctx), Event(hs.ctx)
+    try:
+        rec.launch()
+        e0.record()
+        for _ in range(reps):
+            rec.launch()
+        e1.record()
+        return e0.elapsed_ms(e1) / reps
+    finally:
+        e0.close()
+        e1.close()
+
+
+def _nodes(hs, cmf, g, geo, pos: int, rng) -> int:
+    """Kernel launches of one decode step, launched directly through a counting context."""
+    real, graphs = hs.ctx, hs.use_graphs
+    hs.ctx, hs.use_graphs = _Counting(real), False
+    try:
+        _steps(hs, cmf, g, geo, pos, 1, rng)
+        return hs.ctx.launches
+    finally:
+        hs.ctx, hs.use_graphs = real, graphs
+
+
+def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
+    from cortiq_drv.graph import build
+    from cortiq_drv.hybrid import spec
+    from cortiq_drv.hybrid import state as hstate
+
+    cmf, made_s = _model(label, a.source, tmp)
+    g = build(cmf)
+    hs = hstate.current()
+    geo = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, rd=g.rd, hidden=g.hidden, cap=1 << 20, gemma=g.gemma, eps=g.eps,
+               attn_scale=g.scale)
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    hs.kv_hint = a.prompt + a.warmup + a.tokens + 2
+    _prompt(hs, cmf, g, geo, a.prompt, rng)
+    plan_s = time.perf_counter() - t0
+    rec0 = hs.counters.graph_rec
+    pos = a.prompt
+    _steps(hs, cmf, g, geo, pos, a.warmup, rng)
+    pos += a.warmup
+    times = _steps(hs, cmf, g, geo, pos, a.tokens, rng)
+    pos += a.tokens
+    ms = statistics.median(times) * 1e3
+    dev = _device_ms(hs, cmf, g, max(a.tokens, 16))
+    nodes = _nodes(hs, cmf, g, geo, pos, rng)
+    parts = step_bytes(g, pos - 1)
+    total = sum(parts.values())
+    floor_ms = total / (bw * 1e12) * 1e3
+    emit(dict(bench="decode", shape=label, source=a.source, model_s=round(made_s, 1),
+              plan_and_prompt_s=round(plan_s, 1), prompt=a.prompt, tokens=a.tokens, ms_per_token=round(ms, 4),
+              mean_ms_per_token=round(statistics.mean(times) * 1e3, 4),
+              device_ms_per_token=None if dev is None else round(dev, 4),
+              host_us_per_token=None if dev is None else round((ms - dev) * 1e3, 1),
+              bytes_per_token=total, bytes_parts=parts, read_tbps=round(bw, 3), floor_ms=round(floor_ms, 4),
+              ratio=round(floor_ms / ms, 3), device_ratio=None if dev is None else round(floor_ms / dev, 3),
+              target_ratio=0.6 if label == "9b" else None, graph_nodes=nodes,
+              graphs_recorded_in_steps=hs.counters.graph_rec - rec0, tok_s=round(1e3 / ms, 1)))
+    spec.reset(hs, KV_ID)
+
+
+def bench_matvecs(label: str, a, bw: float, emit) -> None:
+    """Each matvec of the shape at a.rows rows (bench_kernels, the rule's variant, no cuBLAS)."""
+    import bench_kernels as bk
+
+    from cortiq_drv.cu import Ctx
+    from cortiq_drv.cu.nvrtc import compile_cubin, load
+    from cortiq_drv.default_model import SHAPES
+    from cortiq_drv.hybrid import mma
+    from cortiq_drv.kernels import source
+
+    s = SHAPES[label]
+    m = dict(hidden=s.hidden, nh=s.heads, nkv=s.kv_heads, hd=s.head_dim, ffn=s.ffn, gk=s.gdn_k_heads,
+             gv=s.gdn_v_heads, gd=s.gdn_head_dim, vocab=s.vocab)
+    ctx = Ctx.current()
+    fx = mma.MmaFuncs(ctx, load(ctx, compile_cubin(source("hyb.cu"), {}, ctx.arch)))
+    opts = SimpleNamespace(rows=a.rows, variants="rule", reps=a.reps, no_cublas=True)
+    for name, rows, cols, pair in bk.matrices(m):
+        bk.bench_matrix(ctx, fx, label, name, rows, cols, pair, opts, bw, emit)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="9b,27b")
+    ap.add_argument("--tokens", type=int, default=64, help="timed decode steps")
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=512, help="rows before the first timed step")
+    ap.add_argument("--rows", default="1,4,8,16", help="row counts of the matvec lines")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--source", choices=("file", "mem"), default="file")
+    ap.add_argument("--dir", default=None, help="where model files go (default: a temporary directory)")
+    ap.add_argument("--skip-matvec", action="store_true")
+    ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    a = ap.parse_args(argv)
+    a.rows = [int(v) for v in a.rows.split(",")]
+    if a.prompt < 1:
+        ap.error("--prompt: at least 1 row")
+    from cortiq_drv.cu.ctx import device_available
+
+    ok, why = device_available()
+    if not ok:
+        print(f"bench_decode: no CUDA device: {why}", file=sys.stderr)
+        return 1
+    import bench_kernels as bk
+
+    from cortiq_drv.cu import Ctx
+
+    out = open(a.out, "a") if a.out else None
+
+    def emit(line) -> None:
+        text = json.dumps(line)
+        print(text, flush=True)
+        if out:
+            out.write(text + "\n")
+            out.flush()
+
+    ctx = Ctx.current()
+    bw = bk.read_bandwidth(ctx, a.reps)
+    emit(dict(bench="read_bw", tbps=round(bw, 3), bytes=4 << 30, device=ctx.arch, sms=ctx.sm_count))
+    tmp = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="bench_decode_"))
+    try:
+        for label in a.shapes.split(","):
+            bench_shape(label, a, bw, emit, tmp)
+            if a.source == "file":
+                os.unlink(tmp / f"{label}.cmf")
+            if not a.skip_matvec:
+                bench_matvecs(label, a, bw, emit)
+    finally:
+        if not a.dir:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if out:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
