@@ -28,10 +28,11 @@ HYJOB = np.dtype([("w", "<u8"), ("aux0", "<u8"), ("aux1", "<u8"), ("y", "<u8"), 
                   ("rows", "<i4"), ("kind", "<i4"), ("blk0", "<i4"), ("ystride", "<i4")])
 
 
-# Each warp's cp.async ring in hy_mmp: HY_STAGES stages of HY_STAGE bytes (kernels/hyb_mma.cuh;
-# the kernel traps when launched with less dynamic shared memory).
-RING_STAGES = 16
-STAGE_BYTES = 544
+# Each warp's cp.async ring in hy_mmp: HY_STAGES stages of HY_STAGE bytes (four 256-byte weight
+# units and their 16 code bytes; kernels/hyb_mma.cuh: the kernel traps when launched with less
+# dynamic shared memory).
+RING_STAGES = 8
+STAGE_BYTES = 1088
 # Registers and threads an SM holds (sm_80, sm_90).
 _SM_REGS = 65536
 _SM_THREADS = 2048
