@@ -101,22 +101,35 @@ def token(hs, cmf, kv_id: int, layers, invf, h: np.ndarray, *, nh: int, nkv: int
         return TokenGraphOutcome.completed()
 
 
+def _into(dst: np.ndarray | None, n: int) -> np.ndarray | None:
+    """The first n values of `dst` when a download can land there directly (contiguous,
+    writable float32): no staging array and no copy of a 248320-float row per token."""
+    if dst is None or dst.dtype != np.float32 or not dst.flags.c_contiguous or not dst.flags.writeable:
+        return None
+    return dst.reshape(-1)[:n]
+
+
 def _token_run(hs, plan, kv_id, layers, h, position, cap, logits, layer_base, hidden_too, kt) -> None:
     _upload_rows(plan, h, [position])
     taps = tap_slots(hs, len(layers), layer_base, plan.hidden) or ()
     rows = run_small(hs, plan, kv_id, layer_base, position, 1, False, plan.lm is not None, cap, taps, kt)
-    hrow = np.empty(plan.hidden, dtype=np.float32)
-    out = np.empty(rows, dtype=np.float32)
+    want_h = not rows or hidden_too
+    out = _into(logits, rows) if rows else None
+    hrow = _into(h, plan.hidden) if want_h else None
+    # staging arrays only where the caller's arrays cannot take the bytes as they are
+    stage_out, stage_h = rows and out is None, want_h and hrow is None
     if rows:
+        out = np.empty(rows, dtype=np.float32) if stage_out else out
         plan.rows.logits.download_async(out)
-    if not rows or hidden_too:
+    if want_h:
+        hrow = np.empty(plan.hidden, dtype=np.float32) if stage_h else hrow
         plan.rows.h.download_async(hrow)
     hs.ctx.sync()
     if taps:
         hs.taps_out = taps_read(taps, 1, plan.hidden)
-    if rows:
+    if stage_out:
         logits.reshape(-1)[:rows] = out
-    if not rows or hidden_too:
+    if stage_h:
         h.reshape(-1)[:] = hrow
 
 
@@ -162,7 +175,8 @@ def batch(hs, cmf, kv_id: int, layer_base: int, layers, invf, h: np.ndarray, *, 
             return BatchGraphOutcome.failed(reason) if bad[0] else BatchGraphOutcome.declined(reason)
         try:
             if b > NMAX:
-                # a prompt chunk: the prompt path (hybrid/big.py)
+                # a prompt chunk: the prompt path (hybrid/big.py), which books for itself
+                hs.admitted = None
                 big(hs, plan, kv_id, layer_base, positions, h, defer)
             else:
                 _batch_run(hs, plan, kv_id, layer_base, layers, h, positions, cap, spec, argmax_out, defer)

@@ -38,10 +38,13 @@ class Book:
     layers: list
     ci: np.ndarray
     scratch: tuple
+    # the layers' part of `sig` when the states are the ones `admit` held (their buffers stay put)
+    lsig: tuple | None = None
 
     def sig(self) -> tuple:
         """The pointers a graph recorded over this call holds (`run_small`'s signature)."""
-        return tuple(b.ptr for bufs in self.layers for b in bufs) + tuple(b.ptr for b in self.scratch)
+        lsig = self.lsig if self.lsig is not None else tuple(b.ptr for bufs in self.layers for b in bufs)
+        return lsig + tuple(b.ptr for b in self.scratch)
 
 
 def record(n0: int, n: int) -> list:
@@ -61,8 +64,38 @@ def scratch_sizes(nh: int, hd: int, keys_max: int, nbcap_max: int, kcap: int | N
             "hy_P": NMAX * nbc * nh * hd * 4, "hy_E": NMAX * nbc * nh * 4}
 
 
+def _scratch(hs, plan, recs: list, n: int, kcap: int) -> tuple:
+    """The attention scratch for the call records `recs` (8 words each), grown on demand."""
+    keys_max = max((r[0] for r in recs), default=-n) + n
+    nbcap_max = max((r[4] for r in recs), default=0)
+    sizes = scratch_sizes(plan.nh, plan.hd, keys_max, nbcap_max, kcap if hs.kcap else None)
+    return tuple(hs.scr(name, nbytes) for name, nbytes in sizes.items())
+
+
+def _book_held(hs, plan, held, pos0: int, n: int, tape: bool, kcap: int) -> Book:
+    """`book` over the states `admit` just resolved (`admit._hold`): no per-layer lookups, the
+    layers' buffers and pointers as resolved there."""
+    _, gdn, kv, views, lsig = held
+    end, tp = pos0 + n, ((pos0, n) if tape else None)
+    for _, gs in gdn:
+        gs.next_pos = end
+        gs.tape = tp
+    recs, last = [], None
+    for _, m in kv:
+        # the attention layers of a stack hold the same rows: one record for them all
+        if last is None or last[0] != m.stored:
+            last = record(m.stored, n)
+        recs.append(last)
+        m.stored += n
+    ci = np.array(recs, dtype=np.int32).reshape(-1)
+    return Book(views, ci, _scratch(hs, plan, recs, n, kcap), lsig)
+
+
 def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, kcap: int) -> Book:
     """Lay out a call of `n` rows at `pos0` and move the cursors past it (after `admit`)."""
+    adm, hs.admitted = hs.admitted, None
+    if adm is not None and adm[:3] == ((plan.id, kv_id, layer_base), pos0, n):
+        return _book_held(hs, plan, adm[3], pos0, n, tape, kcap)
     layers, ci = [], []
     for li, pl in enumerate(plan.layers):
         key = (kv_id, layer_base + li)
@@ -80,9 +113,5 @@ def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, k
         layers.append((m.k, m.v))
         ci.extend(record(m.stored, n))
         m.stored += n
-    recs = np.asarray(ci, dtype=np.int32).reshape(-1, 8)
-    keys_max = int((recs[:, 0] + n).max()) if len(recs) else 0
-    nbcap_max = int(recs[:, 4].max()) if len(recs) else 0
-    sizes = scratch_sizes(plan.nh, plan.hd, keys_max, nbcap_max, kcap if hs.kcap else None)
-    scratch = tuple(hs.scr(name, nbytes) for name, nbytes in sizes.items())
-    return Book(layers, recs.reshape(-1), scratch)
+    recs = [ci[i:i + 8] for i in range(0, len(ci), 8)]
+    return Book(layers, np.asarray(ci, dtype=np.int32), _scratch(hs, plan, recs, n, kcap))

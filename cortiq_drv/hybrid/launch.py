@@ -170,6 +170,9 @@ def head_launch(ctx, plan, n: int, st: Stages | None = None) -> int:
 
 def rope_rows(invf: np.ndarray, positions) -> np.ndarray:
     """(sin, cos) per row and frequency, [row][pair][2] f32, angle = f32(position) * invf."""
-    pos = np.asarray(list(positions), dtype=np.float32)
-    ang = pos[:, None] * invf[None, :]  # [rows, half]
-    return np.ascontiguousarray(np.stack([np.sin(ang), np.cos(ang)], axis=-1), dtype=np.float32)
+    ang = np.multiply.outer(np.asarray(positions, dtype=np.float32), invf)  # [rows, half]
+    tab = np.empty(ang.shape + (2,), dtype=np.float32)
+    # each computed contiguous, then placed (the same values np.stack gave)
+    tab[..., 0] = np.sin(ang)
+    tab[..., 1] = np.cos(ang)
+    return tab

@@ -168,3 +168,6 @@ def reset(hs, kv_id: int) -> None:
             m.close(hs)
         for k in [k for k in hs.graphs if k[1] == kv_id]:
             hs.graphs.pop(k).close()
+        for k in [k for k in hs.held if k[1] == kv_id]:
+            del hs.held[k]
+        hs.admitted = None

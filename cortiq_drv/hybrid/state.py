@@ -201,6 +201,12 @@ class HState:
         self.rtabs: dict = {}
         self.scratch: dict = {}
         self._f32: dict = {}
+        # (plan id, sequence, first layer) -> the states a full admission resolved (`admit`), and
+        # the last admission's (key, first position, rows, held) for `book`
+        self.held: dict = {}
+        self.admitted: tuple | None = None
+        # (file, its uid) of the last call: a CmfFile hashes its header for `uid` on every read
+        self._uid: tuple = (None, "")
         # the K/V capacity a caller expects (rows), for the first reservation
         self.kv_hint = 0
         # layers whose residual rows a drafter taps (`taps_wanted`); the last call's tap rows
@@ -228,6 +234,12 @@ class HState:
                  f"{mb(self.ctx.resident):.0f}, K/V {mb(self.ctx.kv_bytes):.0f} ({len(self.kv)} mirrors "
                  f"of up to {mcap} rows), GDN states {mb(gdn):.0f} in {len(self.gdn)}, scratch "
                  f"{mb(sum(b for b, _ in scratch)):.0f} (largest {big}), graphs {len(self.graphs)}")
+
+    def uid(self, cmf) -> str:
+        """`cmf.uid`, read once per file object (a file's content does not change under it)."""
+        if self._uid[0] is not cmf:
+            self._uid = (cmf, cmf.uid)
+        return self._uid[1]
 
     def hfuncs(self, hpk: int, hd: int):
         f = self.funcs.get((hpk, hd))

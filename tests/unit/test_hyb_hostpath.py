@@ -1,0 +1,125 @@
+"""The decode step's host path on a fake card: 50 consecutive tokens compute no stack signature,
+build no plan, record no graph and run no per-layer admission pass after the first; the caches
+give way when a descriptor, the final norm's content, a mirror's room or the sequence changes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import _fakecard
+import _tiny
+from cortiq_drv.cmf import CmfFile
+from cortiq_drv.graph import build as graph_build
+from cortiq_drv.hybrid import admit as admit_mod
+from cortiq_drv.hybrid import api, plan as plan_mod, spec
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = _tiny.write_tiny(tmp_path_factory.mktemp("hyb") / "t.cmf", linear_key_head_dim=128,
+                            linear_value_head_dim=128)
+    cmf = CmfFile.open(path)
+    yield cmf, graph_build(cmf)
+    cmf.close()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Calls of the expensive host operations: hsig, build, the per-layer admission passes."""
+    n = {"hsig": 0, "build": 0, "gdn": 0, "mirror": 0}
+
+    def wrap(mod, name, key):
+        real = getattr(mod, name)
+
+        def f(*a, **k):
+            n[key] += 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(mod, name, f)
+
+    wrap(plan_mod, "hsig", "hsig")
+    wrap(plan_mod, "build", "build")
+    wrap(admit_mod, "_gdn", "gdn")
+    wrap(admit_mod, "_mirror", "mirror")
+    return n
+
+
+def _step(hs, cmf, g, pos, layers=None, final_norm=None, kv_id=1):
+    h = np.full(g.hidden, 0.5, np.float32)
+    logits = np.zeros(g.lm_rows, np.float32)
+    out = api.token(hs, cmf, kv_id, layers or g.layers, g.invf, h, position=pos, lm_head=(g.lm, g.lm_rows),
+                    final_norm=g.final_norm if final_norm is None else final_norm, logits=logits,
+                    hidden_too=True, nh=g.nh, nkv=g.nkv, hd=g.hd, attn_scale=g.scale, rd=g.rd, hidden=g.hidden,
+                    cap=4096, gemma=g.gemma, eps=g.eps)
+    assert out.ok, out.reason
+    return h, logits
+
+
+def test_fifty_tokens_without_expensive_host_work(tiny, counted):
+    cmf, g = tiny
+    hs, ctx, card = _fakecard.fake_state()
+    _step(hs, cmf, g, 0)
+    first = dict(counted)
+    assert first == {"hsig": 1, "build": 1, "gdn": 3, "mirror": 1}
+    p = next(iter(hs.plans.values()))
+    c = hs.counters
+    rec0, syncs0 = c.graph_rec, ctx.syncs
+    for pos in range(1, 51):
+        h, logits = _step(hs, cmf, g, pos, final_norm=g.final_norm.copy())
+    assert counted == first
+    assert next(iter(hs.plans.values())) is p and c.graph_rec == rec0 == 1 and card.captures == 1
+    assert c.graph_run == 51
+    # one sync a token (the logits and the row back), nothing else waits on the card
+    assert ctx.syncs - syncs0 == 50
+    # the cursors moved as the full pass moves them, the call record of the last token
+    assert all(gs.next_pos == 51 and gs.tape is None for gs in hs.gdn.values())
+    assert [m.stored for m in hs.kv.values()] == [51]
+    assert p.ci.read(np.int32, 8).tolist() == [50, 50, 64, 4096, 64, 0, 0, 0]
+    # the row and logits came back into the caller's arrays (the fake card runs no kernels)
+    assert (h == 0.5).all() and logits.dtype == np.float32
+
+
+def test_caches_give_way(tiny, counted):
+    cmf, g = tiny
+    hs, _, card = _fakecard.fake_state()
+    _step(hs, cmf, g, 0)
+    _step(hs, cmf, g, 1)
+    assert (counted["hsig"], counted["gdn"]) == (1, 3)
+    # a fresh descriptor object with the same content: the signature is computed, the plan kept
+    layers = [replace(g.layers[0]), *g.layers[1:]]
+    _step(hs, cmf, g, 2, layers=layers)
+    assert (counted["hsig"], counted["build"], counted["gdn"]) == (2, 1, 6)
+    # the final norm's content moved: a new plan, its graph recorded
+    moved = g.final_norm.copy()
+    moved[0] += 1
+    _step(hs, cmf, g, 3, layers=layers, final_norm=moved)
+    assert counted["build"] == 2 and card.captures == 2
+    # a state moved behind the cache (a rewind the full pass refuses): Failed, not a stale replay
+    gs = hs.gdn[(1, 0)]
+    gs.next_pos = 1
+    h = np.ones(g.hidden, np.float32)
+    out = api.token(hs, cmf, 1, layers, g.invf, h, position=4, lm_head=(g.lm, g.lm_rows), final_norm=moved,
+                    logits=np.zeros(g.lm_rows, np.float32), nh=g.nh, nkv=g.nkv, hd=g.hd, attn_scale=g.scale,
+                    rd=g.rd, hidden=g.hidden, cap=4096, gemma=g.gemma, eps=g.eps)
+    assert out.status == "failed" and "at row 1" in out.reason
+    # a reset sequence starts again with a full pass
+    spec.reset(hs, 1)
+    assert not hs.held
+    before = counted["gdn"]
+    _step(hs, cmf, g, 0, layers=layers, final_norm=moved)
+    assert counted["gdn"] == before + 3
+
+
+def test_mirror_growth_rerecords_through_the_full_pass(tiny, counted):
+    cmf, g = tiny
+    hs, _, _ = _fakecard.fake_state()
+    _step(hs, cmf, g, 0)
+    m = hs.kv[(1, 3)]
+    cap = m.cap
+    for pos in range(1, cap + 1):
+        _step(hs, cmf, g, pos)
+    # the step past the room: one full mirror pass grows it, the graph is recorded again
+    assert m.cap > cap and counted["mirror"] == 2 and hs.counters.graph_rec == 2
