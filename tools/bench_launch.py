@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 
 from cortiq_drv.cu import Buf, Ctx, Event, capture, kargs

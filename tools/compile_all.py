@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 
 from cortiq_drv.cu.nvrtc import compile_program, options_for

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 from cortiq_drv import knobs
 from cortiq_drv.atomic import write_atomic
