@@ -123,9 +123,9 @@ class _HostSeq:
         rows = self.engine.prefill(self.seq, ids)
         return rows.logits[-1], rows.hidden[-1]
 
-    def step(self, tok: int) -> tuple[np.ndarray, np.ndarray]:
+    def step(self, tok: int, pick: bool) -> tuple[np.ndarray, np.ndarray, None]:
         rows = self.engine.model.run(self.seq, [tok], head="all")
-        return rows.logits[0], rows.hidden[0]
+        return rows.logits[0], rows.hidden[0], None
 
     def verify(self, toks: list[int], pick: bool):
         rows = self.engine.model.run(self.seq, toks, head="all", window=True)
@@ -361,8 +361,8 @@ class Engine:
             if k > 0:
                 pending = self._round(run, tip, k)
             else:
-                logits, run.hidden = run.seq.step(tip)
-                pending = [run.sampler(logits, run.history)]
+                logits, run.hidden, tid = run.seq.step(tip, not run.sampler.sampling.needs_logits)
+                pending = [run.sampler(logits, run.history) if tid is None else tid]
             tip = pending[-1]
 
     def _round(self, run: _Run, tip: int, k: int) -> list[int]:
@@ -372,7 +372,7 @@ class Engine:
         seq, c, s = run.seq, self.counters, run.sampler.sampling
         drafts = seq.draft(run.hidden, tip, k, self.valid)
         # a greedy pick without penalties is each row's argmax: taken on the card when there
-        pick = s.greedy and s.repetition_penalty == 1 and not s.presence_penalty
+        pick = not s.needs_logits
         logits, ids, hidden = seq.verify([tip] + drafts, pick)
         choose = (lambda i, h: int(ids[i])) if ids is not None else lambda i, h: run.sampler(logits[i], h)
         c.drafts_proposed += k

@@ -5,11 +5,13 @@ MTP block's eh projection, sampling).
 A prompt goes through `api.batch(defer=True)` in chunks (more than NMAX rows: the prompt path
 `big`; a tail of at most NMAX rows: the small path), nothing copied back, then its last token
 through `api.token` with the head. Decode is `api.token` with the head over the sampled ids
-`[0, rows)` (the padding ids past the tokenizer never reach a greedy pick). A speculative round is
-one verify window through `api.batch` with a `SpecTail` (the head over every row, each row's
-argmax on the card when the pick is greedy), then `spec.spec_restore` when only part of the window
-is kept. The MTP block drafts on the card too (its layer through `api.token` under its own layer
-base, the eh projection on the host) and on the host arm once the card declines it.
+`[0, rows)` (the padding ids past the tokenizer never reach a greedy pick); a greedy step without
+penalties (`Sampling.needs_logits` false) and each MTP draft take the pick on the card, only the
+id coming back. A speculative round is one verify window through `api.batch` with a `SpecTail`
+(the head over every row, each row's argmax on the card when the pick is greedy), then
+`spec.spec_restore` when only part of the window is kept. The MTP block drafts on the card too
+(its layer through `api.token` under its own layer base, the eh projection on the host) and on
+the host arm once the card declines it.
 
 Outcomes: a Declined one raises `Declined` naming the step (the engine falls back to the host arm
 when the prompt is declined under device="auto", else surfaces it); a Failed one raises
@@ -174,17 +176,21 @@ class CardSeq:
     def _embed(self, ids) -> np.ndarray:
         return np.ascontiguousarray(self.arm.hm.embed(ids), dtype=np.float32)  # [n, hidden]
 
-    def _token(self, h: np.ndarray, pos: int, layers, layer_base: int, final_norm, what: str) -> np.ndarray:
-        """One row h [hidden] at `pos` through `layers` with the head: logits [rows]; h becomes
-        the residual row after the last layer."""
+    def _token(self, h: np.ndarray, pos: int, layers, layer_base: int, final_norm, what: str,
+               pick: bool = False):
+        """One row h [hidden] at `pos` through `layers` with the head: logits [rows], or with
+        `pick` the greedy pick (the argmax over the head's rows, taken on the card: only the id
+        comes back); h becomes the residual row after the last layer."""
         from cortiq_drv.hybrid import api
 
         a, g = self.arm, self.arm.g
-        logits = np.empty(self.rows, dtype=np.float32)
+        logits = None if pick else np.empty(self.rows, dtype=np.float32)
+        tid = np.empty(1, dtype=np.int32) if pick else None
         out = api.token(a.hs, a.hm.cmf, a.kv_id, layers, g.invf, h, position=pos, lm_head=(g.lm, self.rows),
-                        final_norm=final_norm, logits=logits, layer_base=layer_base, hidden_too=True, **a.geo)
+                        final_norm=final_norm, logits=logits, layer_base=layer_base, hidden_too=True,
+                        pick=tid, **a.geo)
         _raise(out, what)
-        return logits
+        return int(tid[0]) if pick else logits
 
     def prefill(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The prompt from row 0: rows but the last in chunks, nothing back, then the last row
@@ -203,14 +209,15 @@ class CardSeq:
         self.pos = n
         return logits, last
 
-    def step(self, tok: int) -> tuple[np.ndarray, np.ndarray]:
-        """One decode step of `tok` at the position: (logits [rows], residual row [hidden])."""
+    def step(self, tok: int, pick: bool) -> tuple:
+        """One decode step of `tok` at the position: (logits [rows], residual row [hidden], None),
+        or with `pick` (None, residual row, the greedy pick taken on the card)."""
         g = self.arm.g
         h = self._embed([tok])[0].copy()
-        logits = self._token(h, self.pos, g.layers, 0, g.final_norm, f"decode at row {self.pos}")
+        got = self._token(h, self.pos, g.layers, 0, g.final_norm, f"decode at row {self.pos}", pick)
         self.pos += 1
         self.window = None
-        return logits, h
+        return (None, h, got) if pick else (got, h, None)
 
     def verify(self, toks: list[int], pick: bool):
         """A verify window of `toks` at the position: (logits [n, rows] or None, the card's
@@ -271,9 +278,11 @@ class CardSeq:
             e = rms_norm(hm.embed([t]), m.enorm, g.eps, g.gemma)
             hn = rms_norm(h, m.hnorm, g.eps, g.gemma)
             x = np.ascontiguousarray(hm.mm(m.eh, np.concatenate([e, hn], axis=1))[0], dtype=np.float32)
-            logits = self._token(x, self.pos + j, [m.layer], len(g.layers), m.final_norm,
-                                 f"an MTP draft at row {self.pos + j}")
-            t = int(np.argmax(logits[:valid]))
+            # the head's rows are the sampleable ids: the card's pick is the host's argmax
+            pick = valid == self.rows
+            got = self._token(x, self.pos + j, [m.layer], len(g.layers), m.final_norm,
+                              f"an MTP draft at row {self.pos + j}", pick)
+            t = got if pick else int(np.argmax(got[:valid]))
             out.append(t)
             h = x.reshape(1, g.hidden)
         return out

@@ -48,6 +48,12 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def needs_logits(self) -> bool:
+        """Does a pick need the row of logits on the host? Not a greedy one without penalties: that
+        is the row's argmax over the sampleable ids, which the card takes itself (`hy_argmax`)."""
+        return not (self.greedy and self.repetition_penalty == 1 and not self.presence_penalty)
+
 
 GREEDY = Sampling()
 

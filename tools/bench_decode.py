@@ -4,12 +4,13 @@ as JSON lines on stdout (and appended to --out).
 For each shape of `default_model.SHAPES` (9b, 27b): the model written into a temporary directory
 by `default_model.build_model` (random q4tp payloads; `--source mem` makes the payloads in memory
 instead, `bench_prefill.MemCmf`), a prompt of --prompt rows through the prompt path, then decode
-steps as the engine runs them (`api.token`, the head over every row of the LM head, the residual
-row back). One line per shape:
+steps as the engine runs greedy ones (`api.token`, the head over every row of the LM head, the
+pick on the card: only the id and the residual row back). One line per shape:
 
 - `ms_per_token`: wall time of a step, median over --tokens steps after --warmup;
 - `device_ms_per_token`: the step's recorded graph replayed back to back (events), and
-  `host_us_per_token` = wall - device (booking, uploads, the logits download, Python);
+  `host_us_per_token` = wall - device (booking, uploads, the id and row downloads, Python), and
+  `host_us_api`: from entering `token` to its graph launch returning (median);
 - `bytes_per_token`: what a step must read (every repacked matrix's tiles, codes and ladders, the
   GDN gate projections, GDN states read and written, the K/V rows at the position), `read_tbps`
   of a 4 GiB streaming read measured in the same run (`bench_kernels.read_bandwidth`),
@@ -114,18 +115,22 @@ def _prompt(hs, cmf, g, geo, n: int, rng) -> None:
     _steps(hs, cmf, g, geo, n - 1, 1, rng)
 
 
-def _steps(hs, cmf, g, geo, pos0: int, n: int, rng) -> list[float]:
-    """n decode steps from pos0 with the head and the residual row back: seconds each."""
+def _steps(hs, cmf, g, geo, pos0: int, n: int, rng, api_us: list | None = None) -> list[float]:
+    """n decode steps from pos0 as the engine's greedy steps run them (the pick on the card, only
+    the id and the residual row back): seconds each; `api_us` gets each step's microseconds from
+    entering `token` to its graph launch returning."""
     from cortiq_drv.hybrid import api
 
-    logits = np.empty(g.lm_rows, dtype=np.float32)
+    pick = np.empty(1, dtype=np.int32)
     times = []
     for i in range(n):
         h = rng.standard_normal(g.hidden).astype(np.float32)
-        t0 = time.perf_counter()
+        t0 = time.perf_counter_ns()
         out = api.token(hs, cmf, KV_ID, g.layers, g.invf, h, position=pos0 + i, lm_head=(g.lm, g.lm_rows),
-                        final_norm=g.final_norm, logits=logits, hidden_too=True, **geo)
-        times.append(time.perf_counter() - t0)
+                        final_norm=g.final_norm, pick=pick, hidden_too=True, **geo)
+        times.append((time.perf_counter_ns() - t0) / 1e9)
+        if api_us is not None:
+            api_us.append((hs.counters.launched_ns - t0) / 1e3)
         if not out.ok:
             raise SystemExit(f"decode at {pos0 + i}: {out.status}: {out.reason}")
     return times
@@ -137,7 +142,7 @@ def _device_ms(hs, cmf, g, reps: int) -> float | None:
     from cortiq_drv.hybrid.graphs import graph_key
 
     plan = hs.plans.get((cmf.uid, 0, len(g.layers), True))
-    rec = None if plan is None else hs.graphs.get(graph_key(plan, KV_ID, 0, 1, False, True, ()))
+    rec = None if plan is None else hs.graphs.get(graph_key(plan, KV_ID, 0, 1, False, True, (), True))
     if rec is None:
         return None
     e0, e1 = Event(hs.ctx), Event(hs.ctx)
@@ -183,7 +188,8 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
     pos = a.prompt
     _steps(hs, cmf, g, geo, pos, a.warmup, rng)
     pos += a.warmup
-    times = _steps(hs, cmf, g, geo, pos, a.tokens, rng)
+    api_us: list = []
+    times = _steps(hs, cmf, g, geo, pos, a.tokens, rng, api_us)
     pos += a.tokens
     ms = statistics.median(times) * 1e3
     dev = _device_ms(hs, cmf, g, max(a.tokens, 16))
@@ -196,6 +202,7 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
               mean_ms_per_token=round(statistics.mean(times) * 1e3, 4),
               device_ms_per_token=None if dev is None else round(dev, 4),
               host_us_per_token=None if dev is None else round((ms - dev) * 1e3, 1),
+              host_us_api=round(statistics.median(api_us), 1),
               bytes_per_token=total, bytes_parts=parts, read_tbps=round(bw, 3), floor_ms=round(floor_ms, 4),
               ratio=round(floor_ms / ms, 3), device_ratio=None if dev is None else round(floor_ms / dev, 3),
               target_ratio=0.6 if label == "9b" else None, graph_nodes=nodes,

@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 
-from cortiq_drv.cu.args import kargs
 from cortiq_drv.errors import CortiqError, Declined
 from cortiq_drv.graph import BatchGraphOutcome, GraphAttn, TokenGraphOutcome
 from cortiq_drv.hybrid.admit import admit
@@ -56,22 +55,39 @@ def _upload_rows(plan, h: np.ndarray, positions) -> None:
         plan.rows.tab.upload_async(tab)
 
 
+def _upload_row_pinned(hs, plan, h: np.ndarray, position: int) -> None:
+    """`_upload_rows` for one row through pinned staging (`token`, which syncs before it returns)."""
+    hin = hs.pin("h", np.float32, plan.hidden)
+    hin[:] = h.reshape(-1)
+    plan.rows.h.upload_async(hin)
+    half = plan.invf.size
+    if half:
+        tab = hs.pin("tab", np.float32, 2 * half)
+        rope_rows(plan.invf, (position,), tab.reshape(1, half, 2))
+        plan.rows.tab.upload_async(tab)
+
+
 def token(hs, cmf, kv_id: int, layers, invf, h: np.ndarray, *, nh: int, nkv: int, hd: int,
           attn_scale: float, rd: int, hidden: int, position: int, cap: int, gemma: bool, eps: float,
           lm_head=None, final_norm=None, logits: np.ndarray | None = None, layer_base: int = 0,
-          hidden_too: bool = False, steps: int = 1, loop_norm_at=(), o1=()) -> TokenGraphOutcome:
+          hidden_too: bool = False, steps: int = 1, loop_norm_at=(), o1=(),
+          pick: np.ndarray | None = None) -> TokenGraphOutcome:
     """One decode step of the row h [hidden] at `position` through `layers` (`token`).
 
     With `lm_head` = (GraphW, rows): logits [rows] into `logits` (and h updated too when
-    `hidden_too`); without: h becomes the residual row after the last layer."""
+    `hidden_too`); without: h becomes the residual row after the last layer. With `pick` (int32,
+    at least 1): the greedy pick, the argmax of the head's rows (the lowest id among equals),
+    taken on the card into pick[0]; the logits then come back only when `logits` is given."""
     what = "hybrid token"
     if steps != 1 or len(loop_norm_at) or any(v is not None for v in o1):
         why = "a multi-step burst, a mid-stack norm or far-field views"
         return TokenGraphOutcome.declined(decline(hs, what, why))
     if position >= cap or h.size != hidden:
         return TokenGraphOutcome.declined(decline(hs, what, "position past the context cap"))
-    if lm_head is not None and (logits is None or logits.size < lm_head[1]):
+    if lm_head is not None and (logits.size < lm_head[1] if logits is not None else pick is None):
         return TokenGraphOutcome.declined(decline(hs, what, "no logits buffer of the head's rows"))
+    if pick is not None and (lm_head is None or pick.size < 1 or pick.dtype != np.int32):
+        return TokenGraphOutcome.declined(decline(hs, what, "a pick without the head or an int32 slot"))
     with hs.lock:
         try:
             plan = plan_for(hs, cmf, layers, layer_base, lm_head, final_norm, nh, nkv, hd, rd, hidden, gemma,
@@ -87,7 +103,7 @@ def token(hs, cmf, kv_id: int, layers, invf, h: np.ndarray, *, nh: int, nkv: int
         kt = KtCtx(hs.ctx) if hs.counters.tokens_seen == hs.kt else None
         hs.counters.tokens_seen += 1
         try:
-            _token_run(hs, plan, kv_id, layers, h, position, cap, logits, layer_base, hidden_too, kt)
+            _token_run(hs, plan, kv_id, layers, h, position, cap, logits, pick, layer_base, hidden_too, kt)
         except CortiqError as e:
             print(f"cuda hybrid token graph failed: {e}", file=sys.stderr)
             _quiet_sync(hs)
@@ -109,28 +125,34 @@ def _into(dst: np.ndarray | None, n: int) -> np.ndarray | None:
     return dst.reshape(-1)[:n]
 
 
-def _token_run(hs, plan, kv_id, layers, h, position, cap, logits, layer_base, hidden_too, kt) -> None:
-    _upload_rows(plan, h, [position])
+def _token_run(hs, plan, kv_id, layers, h, position, cap, logits, pick, layer_base, hidden_too, kt) -> None:
+    _upload_row_pinned(hs, plan, h, position)
     taps = tap_slots(hs, len(layers), layer_base, plan.hidden) or ()
-    rows = run_small(hs, plan, kv_id, layer_base, position, 1, False, plan.lm is not None, cap, taps, kt)
+    dpick = hs.scr("hy_pick", NMAX * 4) if pick is not None else None
+    rows = run_small(hs, plan, kv_id, layer_base, position, 1, False, plan.lm is not None, cap, taps, kt,
+                     dpick, pinned=True)
     want_h = not rows or hidden_too
-    out = _into(logits, rows) if rows else None
-    hrow = _into(h, plan.hidden) if want_h else None
-    # staging arrays only where the caller's arrays cannot take the bytes as they are
-    stage_out, stage_h = rows and out is None, want_h and hrow is None
-    if rows:
+    if dpick is not None:
+        ids = hs.pin("pick", np.int32, 1)
+        dpick.download_async(ids)
+    # the logits straight into the caller's row where it can take the bytes as they are
+    out = _into(logits, rows) if rows and logits is not None else None
+    stage_out = rows and logits is not None and out is None
+    if rows and logits is not None:
         out = np.empty(rows, dtype=np.float32) if stage_out else out
         plan.rows.logits.download_async(out)
     if want_h:
-        hrow = np.empty(plan.hidden, dtype=np.float32) if stage_h else hrow
-        plan.rows.h.download_async(hrow)
+        hout = hs.pin("h out", np.float32, plan.hidden)
+        plan.rows.h.download_async(hout)
     hs.ctx.sync()
     if taps:
         hs.taps_out = taps_read(taps, 1, plan.hidden)
+    if dpick is not None:
+        pick.reshape(-1)[0] = ids[0]
     if stage_out:
         logits.reshape(-1)[:rows] = out
-    if stage_h:
-        h.reshape(-1)[:] = hrow
+    if want_h:
+        h.reshape(-1)[:] = hout
 
 
 def _quiet_sync(hs) -> None:
@@ -192,14 +214,13 @@ def _batch_run(hs, plan, kv_id, layer_base, layers, h, positions, cap, spec, arg
     _upload_rows(plan, h, positions)
     taps = tap_slots(hs, len(layers), layer_base, hidden) or ()
     verify = spec is not None
-    rows = run_small(hs, plan, kv_id, layer_base, positions[0], b, verify, verify, cap, taps)
+    # a greedy verify: each row's argmax on the card (in the graph), the ids back, not the logits
+    dpick = hs.scr("hy_pick", NMAX * 4) if verify and argmax_out is not None else None
+    rows = run_small(hs, plan, kv_id, layer_base, positions[0], b, verify, verify, cap, taps, pick=dpick)
     out = None
-    if verify and argmax_out is not None:
-        # a greedy verify: each row's argmax on the card, the ids back instead of the logits
-        ids = hs.scr("hy_vids", NMAX * 4)
-        hs.ctx.launch(plan.fx.argmax, (b, 1), 1024, 0, kargs("QiiQi", plan.rows.logits, rows, rows, ids, 0))
+    if dpick is not None:
         out = np.empty(b, dtype=np.int32)
-        ids.download_async(out)
+        dpick.download_async(out)
     elif verify:
         out = np.empty((b, rows), dtype=np.float32)
         plan.rows.logits.download_async(out)
@@ -213,7 +234,7 @@ def _batch_run(hs, plan, kv_id, layer_base, layers, h, positions, cap, spec, arg
     hs.ctx.sync()
     if taps:
         hs.taps_out = taps_read(taps, b, hidden)
-    if verify and argmax_out is not None:
+    if dpick is not None:
         argmax_out.reshape(-1)[:b] = out
     elif verify:
         spec.logits_out = out

@@ -2,7 +2,8 @@
 (ports cuda_hybrid.rs `graphs_on`, `run_small`, `tap_slots`, `report`, and the per-kernel times of
 `CMF_HYB_KT`).
 
-A graph is keyed as the reference keys it: (plan, sequence, first layer, rows, tape, head, taps).
+A graph is keyed as the reference keys it: (plan, sequence, first layer, rows, tape, head, taps),
+and whether the head's greedy pick (`hy_argmax`) follows it.
 It holds the pointers it was recorded with (every layer's state buffers, the attention scratch,
 the tap slots); a call whose pointers moved (a mirror or the scratch grew) records it again.
 Everything else a graph reads lives at fixed addresses: the plan's row buffers and job tables, and
@@ -12,12 +13,13 @@ Everything else a graph reads lives at fixed addresses: the plan's row buffers a
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
 from cortiq_drv.cu import Event, GraphRec
 from cortiq_drv.hybrid.book import book
-from cortiq_drv.hybrid.launch import HSTAGES, Stages, head_launch, launch
+from cortiq_drv.hybrid.launch import HSTAGES, Stages, head_launch, launch, pick_launch
 from cortiq_drv.hybrid.state import NMAX
 
 
@@ -84,32 +86,44 @@ def taps_read(slots, n: int, hidden: int) -> np.ndarray:
     return out
 
 
-def graph_key(plan, kv_id: int, layer_base: int, n: int, tape: bool, head: bool, taps) -> tuple:
-    """A small-path graph's key: a call with taps records copies a call without them has not."""
-    return (plan.id, kv_id, layer_base, n, tape, head, tuple(l for l, _ in taps))
+def graph_key(plan, kv_id: int, layer_base: int, n: int, tape: bool, head: bool, taps,
+              pick: bool = False) -> tuple:
+    """A small-path graph's key: a call with taps records copies a call without them has not,
+    one with the pick an argmax one without it has not."""
+    return (plan.id, kv_id, layer_base, n, tape, head, tuple(l for l, _ in taps), pick)
 
 
 def run_small(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, head: bool,
-              kcap: int, taps=(), kt: KtCtx | None = None) -> int:
+              kcap: int, taps=(), kt: KtCtx | None = None, pick=None, pinned: bool = False) -> int:
     """The small path over the rows in `plan.rows.h` (and `plan.rows.tab`, already queued), with
-    the head when `head`: book, upload the call records, then replay the graph recorded with the
-    same pointers, or record one now, or launch directly. Returns the head's rows (0 without)."""
+    the head when `head` and each row's argmax into `pick` (a Buf of int32 [n]) when given:
+    book, upload the call records (through pinned staging when `pinned`: the caller syncs before
+    its next call), then replay the graph recorded with the same pointers, or record one now, or
+    launch directly. Returns the head's rows (0 without)."""
     bk = book(hs, plan, kv_id, layer_base, pos0, n, tape, kcap)
     rows = plan.lm[1] if head and plan.lm is not None else 0
+    pick = pick if rows else None
     if len(bk.ci):
-        plan.ci.upload_async(bk.ci)
+        ci = bk.ci
+        if pinned:
+            ci = hs.pin("ci", np.int32, len(ci))
+            ci[:] = bk.ci
+        plan.ci.upload_async(ci)
     hs.counters.calls_n[min(n, NMAX)] += 1
 
     def body(ctx, st=None):
         launch(ctx, plan, bk, n, tape, taps, st)
         if head:
             head_launch(ctx, plan, n, st)
+        if pick is not None:
+            pick_launch(ctx, plan, n, pick)
 
     if not graphs_on(hs, kt is not None):
         body(kt or hs.ctx, Stages(hs, n, hs.prof))
+        hs.counters.launched_ns = time.perf_counter_ns()
         return rows
-    key = graph_key(plan, kv_id, layer_base, n, tape, head, taps)
-    sig = bk.sig() + tuple(b.ptr for _, b in taps)
+    key = graph_key(plan, kv_id, layer_base, n, tape, head, taps, pick is not None)
+    sig = bk.sig() + tuple(b.ptr for _, b in taps) + ((pick.ptr,) if pick is not None else ())
     rec = hs.graphs.get(key)
     hs.counters.graph_run += 1
     if rec is None or not rec.matches(sig):
@@ -122,6 +136,7 @@ def run_small(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bo
             rec.close()
         rec = hs.graphs[key] = GraphRec(hs.card.capture(lambda: body(hs.ctx)), sig)
     rec.launch()
+    hs.counters.launched_ns = time.perf_counter_ns()
     return rows
 
 

@@ -1,5 +1,5 @@
-"""The small path's launches (ports cuda_hybrid.rs `HFuncs`, `launch`, `head_launch`, `hst`,
-`rope_rows`).
+"""The small path's launches (ports cuda_hybrid.rs `HFuncs`, `launch`, `head_launch`, the greedy
+pick after the head, `hst`, `rope_rows`).
 
 `launch` queues, for the rows in `plan.rows.h` (n <= NMAX) as `book` laid them out, every layer's
 kernels and device copies and nothing else: no host work, no synchronisation (outside the
@@ -168,10 +168,18 @@ def head_launch(ctx, plan, n: int, st: Stages | None = None) -> int:
     return rows
 
 
-def rope_rows(invf: np.ndarray, positions) -> np.ndarray:
-    """(sin, cos) per row and frequency, [row][pair][2] f32, angle = f32(position) * invf."""
+def pick_launch(ctx, plan, n: int, ids) -> None:
+    """Each row's argmax over the head's rows (`hy_argmax`, the lowest index among equals) into
+    `ids` (int32 [n]): the head's row count is the sampleable ids', so padding is never picked."""
+    rows = plan.lm[1]
+    ctx.launch(plan.fx.argmax, (n, 1), 1024, 0, kargs("QiiQi", plan.rows.logits, rows, rows, ids, 0))
+
+
+def rope_rows(invf: np.ndarray, positions, out: np.ndarray | None = None) -> np.ndarray:
+    """(sin, cos) per row and frequency, [row][pair][2] f32, angle = f32(position) * invf; into
+    `out` ([rows][pair][2] f32) when given."""
     ang = np.multiply.outer(np.asarray(positions, dtype=np.float32), invf)  # [rows, half]
-    tab = np.empty(ang.shape + (2,), dtype=np.float32)
+    tab = np.empty(ang.shape + (2,), dtype=np.float32) if out is None else out
     # each computed contiguous, then placed (the same values np.stack gave)
     tab[..., 0] = np.sin(ang)
     tab[..., 1] = np.cos(ang)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cortiq_drv import knobs
-from cortiq_drv.cu import Buf, capture
+from cortiq_drv.cu import Buf, Pinned, capture
 from cortiq_drv.cu.nvrtc import compile_cubin, load
 from cortiq_drv.hybrid import mma
 from cortiq_drv.hybrid.mats import MatStore
@@ -50,6 +50,9 @@ class Card:
 
     def capture(self, fn):
         return capture(self.ctx, fn)
+
+    def pinned(self, nbytes: int) -> Pinned:
+        return Pinned(nbytes)
 
     def funcs(self, hpk: int, hd: int):
         """hyb.cu compiled for (heads per KV head, head width) and loaded (`load_funcs`)."""
@@ -176,6 +179,8 @@ class Counters:
     stage_ns: np.ndarray = field(default_factory=lambda: np.zeros((NMAX + 1, 12), dtype=np.int64))
     tokens_seen: int = 0
     declines: list = field(default_factory=list)
+    # perf_counter_ns when the last small-path call's graph launch (or direct launches) returned
+    launched_ns: int = 0
 
 
 class HState:
@@ -201,6 +206,9 @@ class HState:
         self.rtabs: dict = {}
         self.scratch: dict = {}
         self._f32: dict = {}
+        # pinned host staging by name, and its views by (name, dtype as passed, count) (`pin`)
+        self._pins: dict = {}
+        self._pin_views: dict = {}
         # (plan id, sequence, first layer) -> the states a full admission resolved (`admit`), and
         # the last admission's (key, first position, rows, held) for `book`
         self.held: dict = {}
@@ -261,6 +269,26 @@ class HState:
             b.close()
         b = self.scratch[name] = self.card.new(round_up(max(nbytes, 1), 256))
         return b
+
+    def pin(self, name: str, dtype, n: int) -> np.ndarray:
+        """Pinned host staging `name` as n values of `dtype` at a fixed address: the card copies
+        from and into it without the driver's pageable bounce. Copies from it are truly
+        asynchronous, so a caller writes it only once the stream synchronised past the last copy
+        that read it. Grown (after a sync), never shrunk."""
+        key = (name, dtype, n)
+        a = self._pin_views.get(key)
+        if a is not None:
+            return a
+        nbytes = n * np.dtype(dtype).itemsize
+        p = self._pins.get(name)
+        if p is None or p.bytes < nbytes:
+            if p is not None:
+                self.ctx.sync()
+                p.close()
+                self._pin_views = {k: v for k, v in self._pin_views.items() if k[0] != name}
+            p = self._pins[name] = self.card.pinned(round_up(max(nbytes, 1), 4096))
+        a = self._pin_views[key] = p.array(dtype)[:n]
+        return a
 
     def f32_buf(self, arr: np.ndarray) -> Buf:
         """A float32 vector on the card, one upload per distinct content (`st.f32_buf`)."""

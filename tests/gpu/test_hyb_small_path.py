@@ -5,6 +5,8 @@
   step, over 64 steps; a host prefill followed by card decode likewise;
 - a verify window's row i equals the one-row step at that position, byte for byte (n = 2..16),
   the window entered through `gdn_snapshot_restore`; the card's greedy pick equals the argmax;
+- a one-row step's greedy pick on the card equals the host argmax of its downloaded logits over
+  the sampleable rows, 40 steps, and an id-only step (the engine's) gives the same bytes;
 - graph replay equals direct launches byte for byte across 4096 keys, where the scratch and the
   mirror grow and the graph is recorded again;
 - `spec_restore` after a partial acceptance, then decoding, equals plain decoding byte for byte;
@@ -124,6 +126,39 @@ def test_host_prefill_then_card_decode(default_arm):
         want = arm.hm.decode(seq, tok)
         assert rel_rms(got, want) <= TOL and int(np.argmax(got)) == int(np.argmax(want)), pos
         tok = int(np.argmax(want))
+
+
+def _pick_token(arm, kv_id, tok, pos, rows, with_logits):
+    """A greedy step as the engine takes it: the pick on the card over the head's `rows`
+    (and the logits too when `with_logits`): (id, logits or None, residual row)."""
+    g = arm.g
+    h = np.array(arm.hm.embed([tok])[0], dtype=np.float32)
+    logits = np.empty(rows, np.float32) if with_logits else None
+    pick = np.full(1, -1, np.int32)
+    out = api.token(arm.hs, arm.cmf, kv_id, g.layers, g.invf, h, position=pos, lm_head=(g.lm, rows),
+                    final_norm=g.final_norm, logits=logits, pick=pick, hidden_too=True, **arm.geo)
+    assert out.ok, out.reason
+    return int(pick[0]), logits, h
+
+
+@pytest.mark.parametrize("pad", [0, 333])
+def test_card_pick_equals_host_argmax(default_arm, pad):
+    """40 greedy steps picked on the card equal the host argmax of the same step's downloaded
+    logits over the sampleable rows (lm rows - pad: the padding rows never searched); a sequence
+    that takes only the id (the engine's path) gives the same ids and rows, byte for byte."""
+    arm = default_arm
+    rows = arm.g.lm_rows - pad
+    kv = 500 + 2 * pad
+    tok = 1000
+    for pos in range(40):
+        got, logits, h = _pick_token(arm, kv, tok, pos, rows, True)
+        assert np.isfinite(logits).all()
+        assert got == int(np.argmax(logits)) and 0 <= got < rows, pos
+        only, none, h2 = _pick_token(arm, kv + 1, tok, pos, rows, False)
+        assert none is None and only == got and h2.tobytes() == h.tobytes(), pos
+        tok = got
+    spec.reset(arm.hs, kv)
+    spec.reset(arm.hs, kv + 1)
 
 
 def _one_row_run(arm, kv, toks):

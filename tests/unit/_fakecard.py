@@ -1,7 +1,9 @@
 """A fake device for the hybrid arm's host-side tests (import as `import _fakecard`).
 
 `FakeBuf` has the `Buf` methods the arm uses over a numpy byte heap, so copies, memsets and
-uploads really move bytes; `FakeCtx` records kernel launches (name, grid, block, packed argument
+uploads really move bytes (each host copy logged in `FakeCtx.host_copies` as (direction, host
+array), so tests see what crossed and from where); `FakePinned` is pinned host memory
+(`Pinned`) over a numpy array; `FakeCtx` records kernel launches (name, grid, block, packed argument
 formats and bytes) instead of running them; `FakeCard` implements `hybrid.state.Card` with
 those: graph capture records the launches a body queues and replays them into the launch log,
 matrices and job tables are plain records of what was asked.
@@ -57,9 +59,11 @@ class FakeBuf:
 
     def upload_async(self, host: np.ndarray, off: int = 0) -> None:
         assert host.flags.c_contiguous
+        self.ctx.host_copies.append(("up", host))
         self._at(off, host.nbytes)[:] = host.view(np.uint8).reshape(-1)
 
     def download_async(self, host: np.ndarray, off: int = 0) -> None:
+        self.ctx.host_copies.append(("down", host))
         host.reshape(-1).view(np.uint8)[:] = self._at(off, host.nbytes)
 
     def copy_from(self, src: "FakeBuf", off: int = 0) -> None:
@@ -94,6 +98,7 @@ class FakeCtx:
         self.launches: list[Launch] = []
         self.recording: list | None = None
         self.syncs = 0
+        self.host_copies: list = []
 
     def _log(self, f, grid, block, args) -> None:
         rec = Launch(f.name, tuple(grid), block, args.fmt, tuple(args.slot(i) for i in range(len(args))))
@@ -110,6 +115,22 @@ class FakeCtx:
 
     def mem_get_info(self):
         return (1 << 30, 2 << 30)
+
+
+class FakePinned:
+    """`Pinned` over a numpy array: `ptr` its address, `array` views of it."""
+
+    def __init__(self, nbytes: int):
+        self.bytes = int(nbytes)
+        self.mem = np.zeros(max(self.bytes, 1), dtype=np.uint8)
+        self.ptr = self.mem.ctypes.data
+
+    def array(self, dtype=np.uint8, shape=None) -> np.ndarray:
+        a = self.mem[:self.bytes].view(dtype)
+        return a if shape is None else a.reshape(shape)
+
+    def close(self) -> None:
+        self.ptr = 0
 
 
 class FakeFunc:
@@ -205,6 +226,7 @@ class FakeCard:
         self._store = None
         self.captures = 0
         self.funcs_loaded: list = []
+        self.pins: list[FakePinned] = []
 
     def new(self, nbytes):
         return FakeBuf(self.heap, self.heap.alloc(nbytes), int(nbytes), True, self.ctx)
@@ -214,6 +236,15 @@ class FakeCard:
         b = self.new(a.nbytes)
         b.upload_async(a)
         return b
+
+    def pinned(self, nbytes):
+        self.pins.append(FakePinned(nbytes))
+        return self.pins[-1]
+
+    def is_pinned(self, host: np.ndarray) -> bool:
+        """Do the bytes of the host array lie in live pinned memory?"""
+        at, n = host.ctypes.data, host.nbytes
+        return any(p.ptr and p.ptr <= at and at + n <= p.ptr + p.bytes for p in self.pins)
 
     def capture(self, fn):
         self.captures += 1

@@ -104,8 +104,8 @@ class HostCard:
         return h
 
     def token(self, hs, cmf, kv_id, layers, invf, h, *, position, lm_head=None, final_norm=None, logits=None,
-              layer_base=0, hidden_too=False, **geo):
-        self.calls.append(("token", layer_base, position, lm_head[1]))
+              layer_base=0, hidden_too=False, pick=None, **geo):
+        self.calls.append(("token", layer_base, position, lm_head[1], pick is not None))
         if layer_base and self.mtp_declines:
             return TokenGraphOutcome.declined("no MTP on this stand-in")
         bad = self._outcome(TokenGraphOutcome)
@@ -122,7 +122,12 @@ class HostCard:
             y, _ = hm.layer(x, layers[0], kv, position, cos, sin)
         else:
             y = self._rows(kv_id, x, position, False)
-        logits[:lm_head[1]] = hm.head(y, final_norm)[0, :lm_head[1]]
+        row = hm.head(y, final_norm)[0, :lm_head[1]]
+        if pick is not None:
+            # the card's pick: the lowest id among equals, over the head's rows only
+            pick[0] = np.argmax(row)
+        if logits is not None:
+            logits[:lm_head[1]] = row
         if hidden_too:
             h[:] = y[0]
         return TokenGraphOutcome.completed()
@@ -204,28 +209,33 @@ def test_prompt_and_decode_calls(fit, card):
     got = toks(e, max_tokens=4)
     assert got == toks(Engine.open(fit, device="cpu", far=EXACT), max_tokens=4)
     # rows 0..18 in chunks of 8 with nothing back (big past NMAX rows, the small path below), then
-    # the last row through token with the head over the 512 sampled ids, then one step a token
+    # the last row through token with the head over the 512 sampled ids (its logits back), then
+    # one step a token, greedy: the pick on the card, only the id back
     assert card.calls == [("batch", 8, 0, True, False, False), ("batch", 8, 8, True, False, False),
-                          ("batch", 3, 16, True, False, False), ("token", 0, 19, 512),
-                          ("token", 0, 20, 512), ("token", 0, 21, 512), ("token", 0, 22, 512)]
+                          ("batch", 3, 16, True, False, False), ("token", 0, 19, 512, False),
+                          ("token", 0, 20, 512, True), ("token", 0, 21, 512, True), ("token", 0, 22, 512, True)]
     assert card.hs.kv_hint == len(PROMPT) + 4
 
 
-@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.9, top_k=40, seed=3)],
-                         ids=["greedy", "seeded"])
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.9, top_k=40, seed=3),
+                                      Sampling(repetition_penalty=1.3, presence_penalty=0.5)],
+                         ids=["greedy", "seeded", "greedy-penalised"])
 def test_card_tokens_equal_the_host_arm(fit, card, sampling):
     host = Engine.open(fit, device="cpu", far=EXACT)
     e = Engine.open(fit, device="cuda", far=EXACT)
     plain = toks(host, sampling=sampling)
     assert toks(e, sampling=sampling) == plain
+    # the decode steps pick on the card exactly when the pick needs no logits
+    steps = [x for x in card.calls if x[0] == "token"][1:]
+    assert len(steps) == 23 and all(x[4] == (not sampling.needs_logits) for x in steps)
     card.calls.clear()
     assert toks(e, sampling=sampling, spec_k=3) == plain
     c = e.counters
     assert c.verify_rounds > 0 and e.card.mtp_on_host is None
     windows = [x for x in card.calls if x[0] == "batch" and x[4]]
-    assert windows and all(x[5] == sampling.greedy for x in windows)
+    assert windows and all(x[5] == (not sampling.needs_logits) for x in windows)
     drafts = [x for x in card.calls if x[0] == "token" and x[1] == FIT.layers]
-    assert len(drafts) == c.drafts_proposed
+    assert len(drafts) == c.drafts_proposed and all(x[4] for x in drafts)
     # every round either kept its whole window or restored every GDN layer to its start
     restores = [x for x in card.calls if x[0] == "restore"]
     assert all(x[3] == e.card.n_gdn == 2 for x in restores)

@@ -123,3 +123,97 @@ def test_mirror_growth_rerecords_through_the_full_pass(tiny, counted):
         _step(hs, cmf, g, pos)
     # the step past the room: one full mirror pass grows it, the graph is recorded again
     assert m.cap > cap and counted["mirror"] == 2 and hs.counters.graph_rec == 2
+
+
+def _pick_step(hs, cmf, g, pos, rows, logits=None):
+    h = np.full(g.hidden, 0.25, np.float32)
+    pick = np.full(1, -1, np.int32)
+    out = api.token(hs, cmf, 1, g.layers, g.invf, h, position=pos, lm_head=(g.lm, rows), final_norm=g.final_norm,
+                    logits=logits, pick=pick, hidden_too=True, nh=g.nh, nkv=g.nkv, hd=g.hd, attn_scale=g.scale,
+                    rd=g.rd, hidden=g.hidden, cap=4096, gemma=g.gemma, eps=g.eps)
+    assert out.ok, out.reason
+    return h, pick
+
+
+def _i(b: bytes) -> int:
+    return int.from_bytes(b, "little", signed=True)
+
+
+def test_greedy_pick_on_the_card(tiny):
+    """A greedy step: hy_argmax over the sampleable rows inside the recorded graph, only the id
+    and the residual row come back, every host copy through pinned staging at fixed addresses."""
+    cmf, g = tiny
+    hs, ctx, card = _fakecard.fake_state()
+    rows = g.lm_rows - 7  # sampleable ids: the padding rows past them are never searched
+    _step(hs, cmf, g, 0)
+    dpick = hs.scr("hy_pick", 64)
+    # the fake card runs no kernels: the id the card holds is what comes back
+    dpick.upload_async(np.array([rows - 1], np.int32))
+    caps, rec = card.captures, hs.counters.graph_rec
+    # the head's row count moved: the plan is built again, its picking graph recorded
+    _pick_step(hs, cmf, g, 1, rows)
+    ctx.launches.clear()
+    ctx.host_copies.clear()
+    first = None
+    for pos in range(2, 22):
+        h, pick = _pick_step(hs, cmf, g, pos, rows)
+        assert pick[0] == rows - 1 and (h == 0.25).all()
+        copies = [(d, a.ctypes.data, a.nbytes) for d, a in ctx.host_copies]
+        assert all(card.is_pinned(a) for _, a in ctx.host_copies)
+        assert first is None or copies == first
+        first = copies
+        ctx.host_copies.clear()
+    # the 4-byte id and the row come back; the logits never do
+    downs = sorted(n for d, _, n in first if d == "down")
+    assert downs == [4, g.hidden * 4]
+    # one graph for the picking head (the first step's head graph had none), replayed since
+    assert card.captures == caps + 1 and hs.counters.graph_rec == rec + 1
+    argmax = [l for l in ctx.launches if l.name == "hy_argmax"]
+    assert len(argmax) == 20 and argmax[0].grid == (1, 1)
+    p = next(iter(hs.plans.values()))
+    a = argmax[0].args
+    assert (_i(a[0]), _i(a[1]), _i(a[2]), _i(a[3]), _i(a[4])) == (p.rows.logits.ptr, rows, rows, dpick.ptr, 0)
+    # the argmax follows the head's matvec: the last node of each step's graph
+    step = len(ctx.launches) // 20
+    assert all(ctx.launches[k * step + step - 1].name == "hy_argmax" for k in range(20))
+
+
+def test_pick_with_logits_and_declines(tiny):
+    cmf, g = tiny
+    hs, ctx, card = _fakecard.fake_state()
+    # a pick with a logits row asked too: both come back
+    logits = np.full(g.lm_rows, np.nan, np.float32)
+    _pick_step(hs, cmf, g, 0, g.lm_rows, logits)
+    assert not np.isnan(logits).any()
+    kw = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, attn_scale=g.scale, rd=g.rd, hidden=g.hidden, cap=4096,
+              gemma=g.gemma, eps=g.eps)
+    h = np.ones(g.hidden, np.float32)
+    for lm, pick in (((g.lm, g.lm_rows), np.zeros(1, np.int64)), (None, np.zeros(1, np.int32))):
+        out = api.token(hs, cmf, 1, g.layers, g.invf, h, position=1, lm_head=lm, final_norm=g.final_norm,
+                        pick=pick, **kw)
+        assert out.status == "declined" and "pick" in out.reason
+    # neither a logits row nor a pick: declined as before
+    out = api.token(hs, cmf, 1, g.layers, g.invf, h, position=1, lm_head=(g.lm, g.lm_rows),
+                    final_norm=g.final_norm, **kw)
+    assert out.status == "declined" and "logits" in out.reason
+
+
+def test_greedy_verify_window_picks_in_the_graph(tiny):
+    from cortiq_drv.graph import SpecTail
+
+    cmf, g = tiny
+    hs, ctx, card = _fakecard.fake_state()
+    _step(hs, cmf, g, 0)
+    kw = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, attn_scale=g.scale, rd=g.rd, hidden=g.hidden, cap=4096,
+              gemma=g.gemma, eps=g.eps)
+    caps = card.captures
+    for pos0 in (1, 5):
+        ids = np.full(4, -1, np.int32)
+        h = np.ones((4, g.hidden), np.float32)
+        out = api.batch(hs, cmf, 1, 0, g.layers, g.invf, h, positions=range(pos0, pos0 + 4),
+                        spec=SpecTail(g.lm, g.lm_rows, g.final_norm), argmax_out=ids, **kw)
+        assert out.ok and (ids == 0).all()
+    # recorded once with the argmax inside, replayed for the second window
+    assert card.captures == caps + 1
+    graph = hs.graphs[max(hs.graphs, key=lambda k: k[3])]
+    assert graph.graph.nodes[-1].name == "hy_argmax" and graph.graph.nodes[-1].grid == (4, 1)
