@@ -34,8 +34,8 @@ WHOLE_CAP = 400 << 20
 # Rows a chunk of the GDN scan, and the dynamic shared memory of hy_gdn_wy and hy_gdn_chunk
 # (HB_C, HB_WY_SMEM, HB_CHUNK_SMEM of hyb_big.cuh).
 GDN_C = 64
-WY_SMEM = (2 * 64 * 129 + 64 * 65 + 2 * 64) * 4
-CHUNK_SMEM = (3 * 64 * 129 + 128 * 32 + 64 * 65 + 64 * 33 + 64) * 4
+WY_SMEM = (2 * 64 * 132 + 64 * 68 + 2 * 64) * 4
+CHUNK_SMEM = (3 * 64 * 132 + 128 * 32 + 64 * 68 + 64 * 36 + 64) * 4
 
 
 class BigProf:

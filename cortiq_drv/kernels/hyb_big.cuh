@@ -177,14 +177,19 @@ extern "C" __global__ void hy_gdn_gb32(const float* ab, const float* a_log, cons
 #define HB_C 64
 #define HB_D 128
 #define HB_JW 32
-#define HB_LDK (HB_D + 1)
-#define HB_LDC (HB_C + 1)
-#define HB_LDJ (HB_JW + 1)
-// Dynamic shared memory (bytes) of hy_gdn_wy: k, q (then the right-hand sides) [C][D+1], A [C][C+1],
+// Row strides in floats: multiples of 4 so rows take float4 reads; 4 * 132 % 32 == 16 and
+// 4 * 68 % 32 == 16 keep the two row groups a warp reads (rows 4 ty, 4 ty + 4) on other banks.
+#define HB_LDK (HB_D + 4)
+#define HB_LDC (HB_C + 4)
+#define HB_LDJ (HB_JW + 4)
+// Dynamic shared memory (bytes) of hy_gdn_wy: k, q (then the right-hand sides) [C][LDK], A [C][LDC],
 // G, beta [C].
 #define HB_WY_SMEM ((2 * HB_C * HB_LDK + HB_C * HB_LDC + 2 * HB_C) * 4)
-// ... and of hy_gdn_chunk: q, k, w [C][D+1], S [D][JW], P [C][C+1], U / D [C][JW+1], G [C].
+// ... and of hy_gdn_chunk: q, w, scaled k [C][LDK], S [D][JW], P [C][LDC], U / D [C][LDJ], G [C].
 #define HB_CHUNK_SMEM ((3 * HB_C * HB_LDK + HB_D * HB_JW + HB_C * HB_LDC + HB_C * HB_LDJ + HB_C) * 4)
+
+// Component e (a compile-time constant after unrolling) of a float4.
+__device__ __forceinline__ float hb_c4(const float4& v, int e) { return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w; }
 
 // A chunk's G (inclusive sums of the clamped log decays) and beta into shared memory, by warp 0
 // (lane l: rows 2l, 2l + 1; a scan of the pairs' sums); rows past cn: log decay 0, beta 0.
@@ -215,17 +220,19 @@ __device__ __forceinline__ void hb_gates(const float* gb, int c0, int cn, int nv
 
 // hy_gdn_wy: per (chunk, value head) the state-free part of the chunked rule: G, P, W, U above.
 //   Block (c, h): rows c0 = 64 c .. c0 + cn - 1. k k^T and q k^T by 4x4 register tiles (rows
-//   ty + 16a, columns tx + 16b); then (I + A) X = R solved by rows for 256 right-hand columns at
-//   once, thread i < 128 the column i of beta e^G k, thread 128 + j the column j of beta v, each
-//   in shared memory in place (no block barrier inside the substitution).
+//   ty + 16a, columns tx + 16b, float4 steps along the key width); then (I + A) X = R solved by
+//   rows for 256 right-hand columns at once, thread i < 128 the column i of beta e^G k, thread
+//   128 + j the column j of beta v, each in shared memory in place (no block barrier inside the
+//   substitution; four partial sums a row break the FMA chain, A's zeros past the diagonal pad
+//   the last step of four).
 // Pointers: cq [n][cdim] f32 (q | k | v, q and k normed), gb [n][2 nv] f32 (decay | beta); out:
 //   g [nv][n] f32, w [nv][n][128] f32, u [nv][n][128] f32, p [nv][n][64] f32 (row t of a chunk:
 //   P[t][s] for the chunk's s, 0 past t).
 // Grid (ceil(n / 64), nv), block 256, dynamic shared memory HB_WY_SMEM (over 48 KiB: opt in).
-// Assumes dk == dv == 128, nv % nk == 0.
+// Assumes dk == dv == 128, nv % nk == 0, cdim % 4 == 0, 16-byte aligned buffers.
 extern "C" __global__ void __launch_bounds__(256, 1) hy_gdn_wy(const float* cq, const float* gb, float* g, float* w,
                                                             float* u, float* p, int n, int cdim, int nv, int nk) {
-    extern __shared__ float hb_sm[];
+    extern __shared__ __align__(16) float hb_sm[];
     float* ks = hb_sm;
     float* qs = ks + HB_C * HB_LDK;
     float* aa = qs + HB_C * HB_LDK;
@@ -237,11 +244,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) hy_gdn_wy(const float* cq, 
     const float* qb = cq + hk * HB_D;
     const float* kb = cq + (size_t)nk * HB_D + hk * HB_D;
     const float* vb = cq + (size_t)2 * nk * HB_D + (size_t)h * HB_D;
-    for (int x = tid; x < HB_C * HB_D; x += 256) {
-        const int t = x / HB_D, i = x % HB_D;
-        const size_t row = (size_t)(c0 + t) * cdim;
-        ks[t * HB_LDK + i] = t < cn ? kb[row + i] : 0.0f;
-        qs[t * HB_LDK + i] = t < cn ? qb[row + i] : 0.0f;
+    const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int x = tid; x < HB_C * HB_D / 4; x += 256) {
+        const int t = x >> 5, i = (x & 31) * 4;
+        const size_t row = (size_t)(c0 + t) * cdim + i;
+        *(float4*)(ks + t * HB_LDK + i) = t < cn ? *(const float4*)(kb + row) : z4;
+        *(float4*)(qs + t * HB_LDK + i) = t < cn ? *(const float4*)(qb + row) : z4;
     }
     hb_gates(gb, c0, cn, nv, h, gg, bb);
     __syncthreads();
@@ -250,21 +258,23 @@ extern "C" __global__ void __launch_bounds__(256, 1) hy_gdn_wy(const float* cq, 
     for (int a = 0; a < 4; ++a)
 #pragma unroll
         for (int b = 0; b < 4; ++b) kk[a][b] = qk[a][b] = 0.0f;
-    for (int i = 0; i < HB_D; ++i) {
-        float kt[4], qt[4], kc[4];
+    for (int i = 0; i < HB_D; i += 4) {
+        float4 kt[4], qt[4], kc[4];
 #pragma unroll
         for (int a = 0; a < 4; ++a) {
-            kt[a] = ks[(ty + 16 * a) * HB_LDK + i];
-            qt[a] = qs[(ty + 16 * a) * HB_LDK + i];
-            kc[a] = ks[(tx + 16 * a) * HB_LDK + i];
+            kt[a] = *(const float4*)(ks + (ty + 16 * a) * HB_LDK + i);
+            qt[a] = *(const float4*)(qs + (ty + 16 * a) * HB_LDK + i);
+            kc[a] = *(const float4*)(ks + (tx + 16 * a) * HB_LDK + i);
         }
 #pragma unroll
-        for (int a = 0; a < 4; ++a)
+        for (int e = 0; e < 4; ++e)
 #pragma unroll
-            for (int b = 0; b < 4; ++b) {
-                kk[a][b] = fmaf(kt[a], kc[b], kk[a][b]);
-                qk[a][b] = fmaf(qt[a], kc[b], qk[a][b]);
-            }
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                    kk[a][b] = fmaf(hb_c4(kt[a], e), hb_c4(kc[b], e), kk[a][b]);
+                    qk[a][b] = fmaf(hb_c4(qt[a], e), hb_c4(kc[b], e), qk[a][b]);
+                }
     }
     float* pr = p + ((size_t)h * n + c0) * HB_C;
 #pragma unroll
@@ -278,132 +288,220 @@ extern "C" __global__ void __launch_bounds__(256, 1) hy_gdn_wy(const float* cq, 
         }
     __syncthreads();
     // the right-hand sides in place of k and q: beta e^G k, beta v
-    for (int x = tid; x < HB_C * HB_D; x += 256) {
-        const int t = x / HB_D, i = x % HB_D;
-        ks[t * HB_LDK + i] *= bb[t] * expf(gg[t]);
-        qs[t * HB_LDK + i] = t < cn ? bb[t] * vb[(size_t)(c0 + t) * cdim + i] : 0.0f;
+    for (int x = tid; x < HB_C * HB_D / 4; x += 256) {
+        const int t = x >> 5, i = (x & 31) * 4;
+        const float f = bb[t] * expf(gg[t]), bt = bb[t];
+        float4 kv = *(float4*)(ks + t * HB_LDK + i);
+        kv.x *= f;
+        kv.y *= f;
+        kv.z *= f;
+        kv.w *= f;
+        *(float4*)(ks + t * HB_LDK + i) = kv;
+        float4 vv = t < cn ? *(const float4*)(vb + (size_t)(c0 + t) * cdim + i) : z4;
+        vv.x *= bt;
+        vv.y *= bt;
+        vv.z *= bt;
+        vv.w *= bt;
+        *(float4*)(qs + t * HB_LDK + i) = vv;
     }
     __syncthreads();
     float* col = (tid < HB_D ? ks : qs) + (tid & (HB_D - 1));
     for (int t = 1; t < cn; ++t) {
-        float acc = col[t * HB_LDK];
-        for (int s = 0; s < t; ++s) acc = fmaf(-aa[t * HB_LDC + s], col[s * HB_LDK], acc);
-        col[t * HB_LDK] = acc;
+        const float* ar = aa + t * HB_LDC;
+        float a0 = col[t * HB_LDK], a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        for (int s = 0; s < t; s += 4) {
+            const float4 av = *(const float4*)(ar + s);
+            a0 = fmaf(-av.x, col[s * HB_LDK], a0);
+            a1 = fmaf(-av.y, col[(s + 1) * HB_LDK], a1);
+            a2 = fmaf(-av.z, col[(s + 2) * HB_LDK], a2);
+            a3 = fmaf(-av.w, col[(s + 3) * HB_LDK], a3);
+        }
+        col[t * HB_LDK] = (a0 + a1) + (a2 + a3);
     }
     __syncthreads();
     float* wo = w + ((size_t)h * n + c0) * HB_D;
     float* uo = u + ((size_t)h * n + c0) * HB_D;
-    for (int x = tid; x < cn * HB_D; x += 256) {
-        const int t = x / HB_D, i = x % HB_D;
-        wo[x] = ks[t * HB_LDK + i];
-        uo[x] = qs[t * HB_LDK + i];
+    for (int x = tid; x < cn * HB_D / 4; x += 256) {
+        const int t = x >> 5, i = (x & 31) * 4;
+        *(float4*)(wo + t * HB_D + i) = *(const float4*)(ks + t * HB_LDK + i);
+        *(float4*)(uo + t * HB_D + i) = *(const float4*)(qs + t * HB_LDK + i);
     }
     if (tid < cn) g[(size_t)h * n + c0 + tid] = gg[tid];
 }
 
+// A chunk's q and W rows (row stride HB_LDK) into shared memory by cp.async (one commit group;
+// rows past cn zero by plain stores). qr: q of the chunk's row 0 (row stride cdim); wr: W's row 0.
+__device__ __forceinline__ void hb_fetch_qw(const float* qr, const float* wr, int cn, int cdim, float* qs, float* ws) {
+    for (int x = threadIdx.x; x < HB_C * HB_D / 4; x += blockDim.x) {
+        const int t = x >> 5, i = (x & 31) * 4;
+        float* dq = qs + t * HB_LDK + i;
+        float* dw = ws + t * HB_LDK + i;
+        if (t < cn) {
+            hy_cp16((u32)__cvta_generic_to_shared(dq), qr + (size_t)t * cdim + i);
+            hy_cp16((u32)__cvta_generic_to_shared(dw), wr + (size_t)t * HB_D + i);
+        } else {
+            *(float4*)dq = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            *(float4*)dw = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+    hy_cp_commit();
+}
+
 // hy_gdn_chunk: the state through the chunks in order, after hy_gdn_wy. Block b takes the value
-// columns 32 (b % 4) .. + 31 of head b / 4, its state slice in shared memory throughout; per chunk
-// (rows t = ty + 16a, columns j = tx + 16b of 4x2 register tiles): D = U - W S0 and S0^T q, then o,
-// then S = e^{G_last} S0 + K^T (e^{G_last - G} D).
+// columns 32 (b % 4) .. + 31 of head b / 4; its state slice lives in registers (rows 8 ty + a,
+// columns 2 tx + b of 8x2 tiles) with a copy in shared memory for the products. Per chunk, rows
+// t = 4 ty + a and columns j = 2 tx + b of 4x2 tiles, float4 steps along the inner dimension:
+// X = W S0 and Y = S0^T q; D = U - X; o = e^G Y + P D (P is 0 past the diagonal, so each warp runs
+// s up to its own last row); S = e^{G_last} S0 + (e^{G_last - G} k)^T D, k scaled as it loads.
+// The next chunk's q and W stream in by cp.async while this chunk's output and state update run.
 // Pointers: cq [n][cdim] f32 (q | k | v); g, w, u, p as hy_gdn_wy wrote them; S [nv][128][128] f32
 // (in/out); o [n][nv * 128] f32 out.
 // Grid (nv * 4, 1), block 256, dynamic shared memory HB_CHUNK_SMEM (over 48 KiB: opt in).
-// Assumes dk == dv == 128, nv % nk == 0.
+// Assumes dk == dv == 128, nv % nk == 0, cdim % 4 == 0, 16-byte aligned buffers.
 extern "C" __global__ void __launch_bounds__(256, 1) hy_gdn_chunk(const float* cq, const float* g, const float* w,
                                                                const float* u, const float* p, float* S, float* o,
                                                                int n, int cdim, int nv, int nk) {
-    extern __shared__ float hb_sm[];
+    extern __shared__ __align__(16) float hb_sm[];
     float* qs = hb_sm;
-    float* ks = qs + HB_C * HB_LDK;
-    float* ws = ks + HB_C * HB_LDK;
-    float* ss = ws + HB_C * HB_LDK;
+    float* ws = qs + HB_C * HB_LDK;
+    float* ks = ws + HB_C * HB_LDK;
+    float* ss = ks + HB_C * HB_LDK;
     float* pp = ss + HB_D * HB_JW;
     float* ud = pp + HB_C * HB_LDC;
     float* gg = ud + HB_C * HB_LDJ;
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const int cpb = HB_D / HB_JW, h = blockIdx.x / cpb, j0 = (blockIdx.x % cpb) * HB_JW;
     const int hk = h / (nv / nk);
-    float* sg = S + (size_t)h * HB_D * HB_D + j0;
-    for (int x = tid; x < HB_D * HB_JW; x += 256) ss[x] = sg[(size_t)(x / HB_JW) * HB_D + x % HB_JW];
+    const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float* sg = S + (size_t)h * HB_D * HB_D + j0 + 2 * tx;
+    float sr[8][2];
+#pragma unroll
+    for (int a = 0; a < 8; ++a) {
+        const float2 v = *(const float2*)(sg + (size_t)(8 * ty + a) * HB_D);
+        sr[a][0] = v.x;
+        sr[a][1] = v.y;
+        *(float2*)(ss + (8 * ty + a) * HB_JW + 2 * tx) = v;
+    }
     const float* qb = cq + hk * HB_D;
     const float* kb = cq + (size_t)nk * HB_D + hk * HB_D;
+    const float* gh = g + (size_t)h * n;
+    hb_fetch_qw(qb, w + (size_t)h * n * HB_D, min(HB_C, n), cdim, qs, ws);
     for (int c0 = 0; c0 < n; c0 += HB_C) {
         const int cn = min(HB_C, n - c0);
-        __syncthreads();  // the previous chunk is done with every buffer
-        const float* wr = w + ((size_t)h * n + c0) * HB_D;
-        const float* ur = u + ((size_t)h * n + c0) * HB_D + j0;
+        const float gl = gh[c0 + cn - 1];
+        __syncthreads();  // the previous chunk is done with k, P, U / D; its state is in ss
+        for (int x = tid; x < HB_C * HB_D / 4; x += 256) {
+            const int t = x >> 5, i = (x & 31) * 4;
+            float4 v = z4;
+            if (t < cn) {
+                v = *(const float4*)(kb + (size_t)(c0 + t) * cdim + i);
+                const float f = expf(gl - gh[c0 + t]);
+                v.x *= f;
+                v.y *= f;
+                v.z *= f;
+                v.w *= f;
+            }
+            *(float4*)(ks + t * HB_LDK + i) = v;
+        }
         const float* pr = p + ((size_t)h * n + c0) * HB_C;
-        for (int x = tid; x < HB_C * HB_D; x += 256) {
-            const int t = x / HB_D, i = x % HB_D;
-            const size_t row = (size_t)(c0 + t) * cdim;
-            qs[t * HB_LDK + i] = t < cn ? qb[row + i] : 0.0f;
-            ks[t * HB_LDK + i] = t < cn ? kb[row + i] : 0.0f;
-            ws[t * HB_LDK + i] = t < cn ? wr[x] : 0.0f;
+        for (int x = tid; x < HB_C * HB_C / 4; x += 256) {
+            const int t = x >> 4, s = (x & 15) * 4;
+            *(float4*)(pp + t * HB_LDC + s) = t < cn ? *(const float4*)(pr + (size_t)t * HB_C + s) : z4;
         }
-        for (int x = tid; x < HB_C * HB_C; x += 256) {
-            const int t = x / HB_C, s = x % HB_C;
-            pp[t * HB_LDC + s] = t < cn ? pr[x] : 0.0f;
+        const float* ur = u + ((size_t)h * n + c0) * HB_D + j0;
+        for (int x = tid; x < HB_C * HB_JW / 4; x += 256) {
+            const int t = x >> 3, j = (x & 7) * 4;
+            *(float4*)(ud + t * HB_LDJ + j) = t < cn ? *(const float4*)(ur + (size_t)t * HB_D + j) : z4;
         }
-        for (int x = tid; x < HB_C * HB_JW; x += 256) {
-            const int t = x / HB_JW, j = x % HB_JW;
-            ud[t * HB_LDJ + j] = t < cn ? ur[(size_t)t * HB_D + j] : 0.0f;
-        }
-        if (tid < HB_C) gg[tid] = g[(size_t)h * n + c0 + min(tid, cn - 1)];
+        if (tid < HB_C) gg[tid] = tid < cn ? gh[c0 + tid] : 0.0f;
+        hy_cp_wait<0>();
         __syncthreads();
-        float wx[4][2], qx[4][2];
+        float xw[4][2], xq[4][2];
 #pragma unroll
-        for (int a = 0; a < 4; ++a) wx[a][0] = wx[a][1] = qx[a][0] = qx[a][1] = 0.0f;
-        for (int i = 0; i < HB_D; ++i) {
-            const float s0 = ss[i * HB_JW + tx], s1 = ss[i * HB_JW + tx + 16];
+        for (int a = 0; a < 4; ++a) xw[a][0] = xw[a][1] = xq[a][0] = xq[a][1] = 0.0f;
+        for (int i = 0; i < HB_D; i += 4) {
+            float4 wv[4], qv[4];
+            float2 sv[4];
 #pragma unroll
             for (int a = 0; a < 4; ++a) {
-                const float wt = ws[(ty + 16 * a) * HB_LDK + i], qt = qs[(ty + 16 * a) * HB_LDK + i];
-                wx[a][0] = fmaf(wt, s0, wx[a][0]);
-                wx[a][1] = fmaf(wt, s1, wx[a][1]);
-                qx[a][0] = fmaf(qt, s0, qx[a][0]);
-                qx[a][1] = fmaf(qt, s1, qx[a][1]);
+                wv[a] = *(const float4*)(ws + (4 * ty + a) * HB_LDK + i);
+                qv[a] = *(const float4*)(qs + (4 * ty + a) * HB_LDK + i);
+                sv[a] = *(const float2*)(ss + (i + a) * HB_JW + 2 * tx);
             }
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    xw[a][0] = fmaf(hb_c4(wv[a], e), sv[e].x, xw[a][0]);
+                    xw[a][1] = fmaf(hb_c4(wv[a], e), sv[e].y, xw[a][1]);
+                    xq[a][0] = fmaf(hb_c4(qv[a], e), sv[e].x, xq[a][0]);
+                    xq[a][1] = fmaf(hb_c4(qv[a], e), sv[e].y, xq[a][1]);
+                }
         }
-#pragma unroll
-        for (int a = 0; a < 4; ++a)
-#pragma unroll
-            for (int b = 0; b < 2; ++b) {
-                const int t = ty + 16 * a, j = tx + 16 * b;
-                ud[t * HB_LDJ + j] -= wx[a][b];
-            }
-        __syncthreads();
 #pragma unroll
         for (int a = 0; a < 4; ++a) {
-            const int t = ty + 16 * a;
-            if (t >= cn) continue;
+            float2* dp = (float2*)(ud + (4 * ty + a) * HB_LDJ + 2 * tx);
+            const float2 uv = *dp;
+            *dp = make_float2(uv.x - xw[a][0], uv.y - xw[a][1]);
+        }
+        __syncthreads();  // D complete; q, W and ss free
+        if (c0 + HB_C < n)
+            hb_fetch_qw(qb + (size_t)(c0 + HB_C) * cdim, w + ((size_t)h * n + c0 + HB_C) * HB_D,
+                        min(HB_C, n - c0 - HB_C), cdim, qs, ws);
+        float oa[4][2];
 #pragma unroll
-            for (int b = 0; b < 2; ++b) {
-                const int j = tx + 16 * b;
-                float acc = expf(gg[t]) * qx[a][b];
-                for (int s = 0; s <= t; ++s) acc = fmaf(pp[t * HB_LDC + s], ud[s * HB_LDJ + j], acc);
-                o[(size_t)(c0 + t) * nv * HB_D + (size_t)h * HB_D + j0 + j] = acc;
+        for (int a = 0; a < 4; ++a) {
+            const float e = expf(gg[4 * ty + a]);
+            oa[a][0] = e * xq[a][0];
+            oa[a][1] = e * xq[a][1];
+        }
+        const int send = 8 * (tid >> 5) + 8;  // past the warp's last row (rows 4 ty + a of two ty)
+        for (int s = 0; s < send; s += 4) {
+            float4 pv[4];
+            float2 dv[4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                pv[a] = *(const float4*)(pp + (4 * ty + a) * HB_LDC + s);
+                dv[a] = *(const float2*)(ud + (s + a) * HB_LDJ + 2 * tx);
             }
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    oa[a][0] = fmaf(hb_c4(pv[a], e), dv[e].x, oa[a][0]);
+                    oa[a][1] = fmaf(hb_c4(pv[a], e), dv[e].y, oa[a][1]);
+                }
         }
-        __syncthreads();
-        const float gl = gg[HB_C - 1];
-        for (int x = tid; x < HB_C * HB_JW; x += 256) {
-            const int t = x / HB_JW, j = x % HB_JW;
-            ud[t * HB_LDJ + j] *= expf(gl - gg[t]);
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const int t = 4 * ty + a;
+            if (t < cn)
+                *(float2*)(o + (size_t)(c0 + t) * nv * HB_D + (size_t)h * HB_D + j0 + 2 * tx) =
+                    make_float2(oa[a][0], oa[a][1]);
         }
-        __syncthreads();
         const float dl = expf(gl);
 #pragma unroll
-        for (int a = 0; a < 8; ++a)
+        for (int a = 0; a < 8; ++a) {
+            sr[a][0] *= dl;
+            sr[a][1] *= dl;
+        }
+        for (int s = 0; s < cn; ++s) {
+            const float4 k0 = *(const float4*)(ks + s * HB_LDK + 8 * ty);
+            const float4 k1 = *(const float4*)(ks + s * HB_LDK + 8 * ty + 4);
+            const float2 dv = *(const float2*)(ud + s * HB_LDJ + 2 * tx);
 #pragma unroll
-            for (int b = 0; b < 2; ++b) {
-                const int i = ty + 16 * a, j = tx + 16 * b;
-                float acc = dl * ss[i * HB_JW + j];
-                for (int s = 0; s < cn; ++s) acc = fmaf(ks[s * HB_LDK + i], ud[s * HB_LDJ + j], acc);
-                ss[i * HB_JW + j] = acc;
+            for (int a = 0; a < 4; ++a) {
+                sr[a][0] = fmaf(hb_c4(k0, a), dv.x, sr[a][0]);
+                sr[a][1] = fmaf(hb_c4(k0, a), dv.y, sr[a][1]);
+                sr[a + 4][0] = fmaf(hb_c4(k1, a), dv.x, sr[a + 4][0]);
+                sr[a + 4][1] = fmaf(hb_c4(k1, a), dv.y, sr[a + 4][1]);
             }
+        }
+#pragma unroll
+        for (int a = 0; a < 8; ++a) *(float2*)(ss + (8 * ty + a) * HB_JW + 2 * tx) = make_float2(sr[a][0], sr[a][1]);
     }
-    __syncthreads();
-    for (int x = tid; x < HB_D * HB_JW; x += 256) sg[(size_t)(x / HB_JW) * HB_D + x % HB_JW] = ss[x];
+#pragma unroll
+    for (int a = 0; a < 8; ++a) *(float2*)(sg + (size_t)(8 * ty + a) * HB_D) = make_float2(sr[a][0], sr[a][1]);
 }
 
 // hy_gdn_out_h: gated RMSNorm of one head of one row to f16 (the out projection's GEMM operand):
