@@ -8,6 +8,8 @@
 #endif
 #include "common.cuh"
 #include "hyb_mma.cuh"
+#include "hyb_mmp_core.cuh"
+#include "hyb_mmp.cuh"
 #include "hyb_gdn.cuh"
 #include "hyb_attn.cuh"
 #include "hyb_big.cuh"

@@ -289,7 +289,7 @@ def kernel_formats() -> dict[str, str]:
     """Each `extern "C"` kernel of the hybrid sources as a kargs format: pointers and u64 'Q',
     int 'i', float 'f' (hy_mmp_* take their macro's parameter list)."""
     out = {}
-    for name in ("hyb_gdn.cuh", "hyb_attn.cuh", "hyb_mma.cuh"):
+    for name in ("hyb_gdn.cuh", "hyb_attn.cuh", "hyb_mma.cuh", "hyb_mmp.cuh"):
         for fn, params in _SIG.findall((_KERNELS / name).read_text()):
             if fn == _MACRO:
                 continue

@@ -1,0 +1,275 @@
+// The q4tp matvec's shared pieces and its per-tile path (hy_mmp_run): nibble decode, mma.sync,
+// cp.async ring, epilogues. The layout and the planes are described in hyb_mma.cuh; the entry
+// points hy_mmp_{NT}_{TB}_{KS} and the wide multi-row path are in hyb_mmp.cuh.
+
+// Two nibbles (bits 0-3 and 16-19 of v) as the bf16 pair (n_lo - 8, n_hi - 8), exact: one lop3
+// makes the nibble the mantissa of 128 + n (mask and magic in registers, so it stays one
+// instruction), then fma(x, 1, -136).
+__device__ __forceinline__ u32 hy_nib2(u32 v, u32 mask, u32 magic, u32 one, u32 m136) {
+    u32 h, r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(h) : "r"(v), "r"(mask), "r"(magic));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(h), "r"(one), "r"(m136));
+    return r;
+}
+
+// d += A (16x16 bf16, row) * B (16x8 bf16, col), f32 accumulate.
+__device__ __forceinline__ void hy_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared without registers (cp.async, L1 bypassed), and its group fences.
+__device__ __forceinline__ void hy_cp16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void hy_cp16_if(bool p, u32 dst, const void* src) {
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q cp.async.cg.shared.global [%0], [%1], 16; }" ::"r"(dst),
+                 "l"(src), "r"((int)p)
+                 : "memory");
+}
+__device__ __forceinline__ void hy_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void hy_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// An item's outputs from out_s (see hy_mmp): rows r < n of the item's tiles, per the job's kind.
+template <int NC, int TB, int KS>
+__device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt, const float (*out_s)[16][8 * NC],
+                                            int n) {
+    const bool pair = (jb.kind & HY_PAIR) != 0;
+    const int per = pair ? 8 : 16;
+    for (int k = threadIdx.x; k < n * TB * per; k += KS * 32) {
+        const int r = k / (TB * per), t = (k / per) % TB, i = k % per;
+        if (t >= nvt) continue;
+        const float v = (out_s[t][i][3 * r] + out_s[t][i][3 * r + 1]) + out_s[t][i][3 * r + 2];
+        if (pair) {
+            const int o = (tile0 + t) * 8 + i;
+            if (2 * o >= jb.rows) continue;
+            const float u = (out_s[t][i + 8][3 * r] + out_s[t][i + 8][3 * r + 1]) + out_s[t][i + 8][3 * r + 2];
+            const float a = siluf_(v) * u;
+            const bf16 hi = f32_to_bf16(a);
+            ((bf16*)jb.y)[(size_t)r * jb.ystride + o] = hi;
+            ((bf16*)jb.res)[(size_t)r * jb.ystride + o] = f32_to_bf16((a - bf16_to_f32(hi)) * 0.5f);
+        } else {
+            const int row = (tile0 + t) * 16 + i;
+            if (row >= jb.rows) continue;
+            const size_t at = (size_t)r * jb.ystride + row;
+            ((float*)jb.y)[at] = jb.res ? ((const float*)jb.res)[at] + v : v;
+        }
+    }
+}
+
+// Stages of each warp's ring (a power of two): S * 1088 bytes of dynamic shared memory a warp.
+#define HY_STAGES 8
+#define HY_STAGE 1088
+
+// The shared tables of an hy_mmp block (see hy_mmp).
+template <int NC, int TB, int KS>
+struct HySmem {
+    float lad[TB][16][33];
+    __align__(16) float red[KS][TB][128];
+    float out[TB][16][8 * NC];
+};
+
+// A group's B fragments of each n-tile (k-step 0: b0, b1; k-step 1: b0, b1), from this lane's
+// column pointers advanced to the group (see hy_mmp_run); none when !ok.
+template <int NTC>
+__device__ __forceinline__ void hy_ldb(u32 (*b)[4], const u32* const* bq, int off, bool ok) {
+#pragma unroll
+    for (int j = 0; j < NTC; ++j) {
+        if (ok) {
+            const u32* src = bq[j] + off;
+            b[j][0] = __ldg(src), b[j][1] = __ldg(src + 4), b[j][2] = __ldg(src + 8), b[j][3] = __ldg(src + 12);
+        }
+    }
+}
+
+// hy_mmp's work for calls whose columns fill NTC n-tiles (NTC = ceil(3 n / 8)); see hy_mmp.
+template <int NC, int NTC, int TB, int KS>
+__device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
+                                           const bf16* p2, int xs, int n, int cols, int total,
+                                           HySmem<NC, TB, KS>& sm) {
+    // GS groups a stage (4 units: 2 groups of both tiles, or 4 groups of one tile)
+    constexpr int GS = 4 / TB, S = HY_STAGES, STAGE = HY_STAGE;
+    constexpr int LE = TB * 512 / (KS * 32);
+    // the next group's B fragments held in registers while this one computes, where they fit
+    constexpr bool PF = NTC <= 3;
+    static_assert((S & (S - 1)) == 0 && S >= 4, "ring stages: a power of two >= 4");
+    extern __shared__ __align__(16) unsigned char hy_ring[];
+    int bi = blockIdx.x;
+    const int gpr = cols >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gid = lane >> 2;
+    const int g_lo = w * gpr / KS, g_hi = (w + 1) * gpr / KS, ng = g_hi - g_lo, nst = (ng + GS - 1) / GS;
+    const u32 ring = (u32)__cvta_generic_to_shared(hy_ring) + w * S * STAGE;
+    const unsigned char* ringp = hy_ring + w * S * STAGE;
+    const u32 k_mask = 0x000F000Fu, k_magic = 0x43004300u, k_one = 0x3F803F80u, k_m136 = 0xC308C308u;
+    // this lane's B column in each n-tile, at the warp's first group: plane q % 3 of row q / 3
+    // (rows past n: row 0, read, unused)
+    const u32* bq[NTC];
+#pragma unroll
+    for (int j = 0; j < NTC; ++j) {
+        const int q = 8 * j + gid, r = q / 3, p = q - 3 * r;
+        const bf16* base = p == 0 ? p0 : (p == 1 ? p1 : p2);
+        bq[j] = (const u32*)(base + (size_t)(r < n ? r : 0) * xs + (size_t)g_lo * 32 + 2 * (lane & 3));
+    }
+    const float* lrow = &sm.lad[0][gid][0];
+    // the item being fetched: its job, tiles, this lane's copy sources and the rows left from its
+    // first tile. Stage i holds units u = 0..3 (256 weight bytes each, then their 16 code bytes):
+    // TB 2: tile u & 1 of group g_lo + 2 i + (u >> 1); TB 1: group g_lo + 4 i + u. Lane l copies
+    // chunk l and l + 32 of the weights (unit c >> 4, bytes (c & 15) 16), lanes 0-3 unit l's codes.
+    int ji = 0, tile0 = 0, nvt = 0, rleft = 0;
+    const unsigned char* wl = 0;
+    const unsigned char* cl = 0;
+    const float* lsrc = 0;
+    auto locate = [&](int b) {
+        while (ji + 1 < nj && jobs[ji + 1].blk0 <= b) ++ji;
+        const int rows = jobs[ji].rows;
+        tile0 = (b - jobs[ji].blk0) * TB;
+        nvt = min(TB, ((rows + 15) >> 4) - tile0);
+        rleft = rows - tile0 * 16;
+        const size_t uw = lane >> 4, uc = lane & 3;
+        wl = (const unsigned char*)jobs[ji].w +
+             ((size_t)tile0 * gpr + (TB == 2 ? uw * gpr : uw) + g_lo) * 256 + (lane & 15) * 16;
+        cl = (const unsigned char*)jobs[ji].aux0 +
+             ((size_t)tile0 * gpr + (TB == 2 ? (uc & 1) * gpr + (uc >> 1) : uc) + g_lo) * 16;
+        lsrc = (const float*)jobs[ji].aux1 + (size_t)tile0 * 32;
+    };
+    // stage i's copies into slot i % S; every lane commits a group, copies or not, so the counts
+    // stay uniform
+    auto issue = [&](int i) {
+        const u32 slot = ring + (i & (S - 1)) * STAGE;
+        const int uw = lane >> 4;
+        bool ok0, ok1, okc;
+        if (TB == 2) {
+            ok0 = uw < nvt && 2 * i < ng;
+            ok1 = uw < nvt && 2 * i + 1 < ng;
+            okc = lane < 4 && (lane & 1) < nvt && 2 * i + (lane >> 1) < ng;
+        } else {
+            ok0 = 4 * i + uw < ng;
+            ok1 = 4 * i + 2 + uw < ng;
+            okc = lane < 4 && 4 * i + lane < ng;
+        }
+        const unsigned char* src = wl + (size_t)i * (GS * 256);
+        hy_cp16_if(ok0, slot + lane * 16, src);
+        hy_cp16_if(ok1, slot + 512 + lane * 16, src + (TB == 2 ? 256 : 512));
+        hy_cp16_if(okc, slot + 1024 + (lane & 3) * 16, cl + (size_t)i * (GS * 16));
+        hy_cp_commit();
+    };
+    // the item's ladder table: this thread's entries k = tid + e KS 32 of lad (row params
+    // fetched early into lo_r / st_r, rungs made later); rows past the matrix get rung 0
+    float lo_r[LE], st_r[LE];
+    auto lad_load = [&]() {
+#pragma unroll
+        for (int e = 0; e < LE; ++e) {
+            const int k = tid + e * KS * 32, r = (k >> 9) * 16 + ((k >> 5) & 15);
+            const bool ok = r < rleft;
+            lo_r[e] = ok ? lsrc[2 * r] : -__int_as_float(0x7f800000);
+            st_r[e] = ok ? lsrc[2 * r + 1] : 0.0f;
+        }
+    };
+    auto lad_store = [&]() {
+#pragma unroll
+        for (int e = 0; e < LE; ++e) {
+            const int k = tid + e * KS * 32, c = k & 31;
+            sm.lad[k >> 9][(k >> 5) & 15][c] = exp2f(__fadd_rn(lo_r[e], __fmul_rn((float)c, st_r[e])));
+        }
+    };
+    locate(bi);
+    for (int i = 0; i < S - 1; ++i) issue(i);
+    lad_load();
+    lad_store();
+    __syncthreads();
+    for (;;) {
+        float acc[TB][NTC][4];
+#pragma unroll
+        for (int t = 0; t < TB; ++t)
+#pragma unroll
+            for (int j = 0; j < NTC; ++j) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.0f;
+        // B fragments of group gr in bb[gr & 1] (GS is even, so the parity is gu's)
+        u32 bb[2][NTC][4];
+        if (PF) hy_ldb<NTC>(bb[0], bq, 0, ng > 0);
+        for (int i = 0; i < nst; ++i) {
+            // this lane's copies of stage i done, then every lane's (and every lane is past
+            // stage i - 1, whose slot the next issue refills)
+            hy_cp_wait<S - 2>();
+            __syncwarp();
+            issue(i + S - 1);
+            const unsigned char* st = ringp + (i & (S - 1)) * STAGE;
+#pragma unroll
+            for (int gu = 0; gu < GS; ++gu) {
+                const int gr = i * GS + gu;  // the group, from g_lo
+                if (gr >= ng) break;
+                u32 (*bc)[4] = bb[gu & 1];
+                if (PF)
+                    hy_ldb<NTC>(bb[(gu + 1) & 1], bq, (gr + 1) * 16, gr + 1 < ng);
+                else
+                    hy_ldb<NTC>(bc, bq, gr * 16, true);
+                // both tiles of the group (TB 2; a tile past the matrix computes stale ring
+                // bytes, its codes < 256 indexing inside sm, into sums never stored), or the one
+                // tile
+#pragma unroll
+                for (int t = 0; t < TB; ++t) {
+                    const int u = TB == 2 ? 2 * gu + t : gu;
+                    const uint2 wv = *(const uint2*)(st + u * 256 + lane * 8);
+                    const float rl = lrow[t * 16 * 33 + st[1024 + u * 16 + gid]];
+                    const float rh = lrow[t * 16 * 33 + 8 * 33 + st[1024 + u * 16 + gid + 8]];
+                    const u32 x1 = wv.x >> 4, x2 = wv.x >> 8, x3 = wv.x >> 12;
+                    const u32 y1 = wv.y >> 4, y2 = wv.y >> 8, y3 = wv.y >> 12;
+                    const u32 a00 = hy_nib2(wv.x, k_mask, k_magic, k_one, k_m136);
+                    const u32 a01 = hy_nib2(x1, k_mask, k_magic, k_one, k_m136);
+                    const u32 a02 = hy_nib2(x2, k_mask, k_magic, k_one, k_m136);
+                    const u32 a03 = hy_nib2(x3, k_mask, k_magic, k_one, k_m136);
+                    const u32 a10 = hy_nib2(wv.y, k_mask, k_magic, k_one, k_m136);
+                    const u32 a11 = hy_nib2(y1, k_mask, k_magic, k_one, k_m136);
+                    const u32 a12 = hy_nib2(y2, k_mask, k_magic, k_one, k_m136);
+                    const u32 a13 = hy_nib2(y3, k_mask, k_magic, k_one, k_m136);
+#pragma unroll
+                    for (int j = 0; j < NTC; ++j) {
+                        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        hy_mma(s, a00, a01, a02, a03, bc[j][0], bc[j][1]);
+                        hy_mma(s, a10, a11, a12, a13, bc[j][2], bc[j][3]);
+                        acc[t][j][0] = fmaf(rl, s[0], acc[t][j][0]);
+                        acc[t][j][1] = fmaf(rl, s[1], acc[t][j][1]);
+                        acc[t][j][2] = fmaf(rh, s[2], acc[t][j][2]);
+                        acc[t][j][3] = fmaf(rh, s[3], acc[t][j][3]);
+                    }
+                }
+            }
+        }
+        // this item's outputs; then the next item's first stages and ladders go out before the
+        // reduction, so its memory latency hides behind it (every lane past its last stage first:
+        // the refill reuses the slots)
+        __syncwarp();
+        const int oji = ji, otile0 = tile0, onvt = nvt;
+        const int bn = bi + (int)gridDim.x;
+        if (bn < total) {
+            locate(bn);
+            for (int i = 0; i < S - 1; ++i) issue(i);
+            lad_load();
+        }
+        // the warps' sums, one n-tile at a time, added in warp order into out[t][row][column]
+#pragma unroll
+        for (int j = 0; j < NTC; ++j) {
+#pragma unroll
+            for (int t = 0; t < TB; ++t)
+                *(float4*)&sm.red[w][t][lane * 4] = make_float4(acc[t][j][0], acc[t][j][1], acc[t][j][2], acc[t][j][3]);
+            __syncthreads();
+            if (tid < TB * 128) {
+                const int t = tid >> 7, f = tid & 127;
+                float s = sm.red[0][t][f];
+                for (int v = 1; v < KS; ++v) s += sm.red[v][t][f];
+                const int fl = f >> 2, e = f & 3;
+                sm.out[t][(fl >> 2) + 8 * (e >> 1)][8 * j + 2 * (fl & 3) + (e & 1)] = s;
+            }
+            __syncthreads();
+        }
+        hy_epilogue<NC, TB, KS>(jobs[oji], otile0, onvt, sm.out, n);
+        if (bn >= total) break;
+        lad_store();
+        __syncthreads();
+        bi = bn;
+    }
+}
