@@ -170,6 +170,7 @@ def _nodes(hs, cmf, g, geo, pos: int, rng) -> int:
 
 
 def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
+    from bench_prefill import card_geo
     from cortiq_drv.graph import build
     from cortiq_drv.hybrid import spec
     from cortiq_drv.hybrid import state as hstate
@@ -177,8 +178,7 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
     cmf, made_s = _model(label, a.source, tmp)
     g = build(cmf)
     hs = hstate.current()
-    geo = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, rd=g.rd, hidden=g.hidden, cap=1 << 20, gemma=g.gemma, eps=g.eps,
-               attn_scale=g.scale)
+    geo = card_geo(g)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     hs.kv_hint = a.prompt + a.warmup + a.tokens + 2

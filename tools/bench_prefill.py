@@ -146,6 +146,12 @@ def _cublas(ctx, shapes, n: int, reps: int = 3) -> float:
     return 2.0 * n * sum(r * c for r, c in shapes) / dt / 1e12
 
 
+def card_geo(g) -> dict:
+    """The geometry keywords `api.batch` / `api.token` take for graph g (room for 2^20 positions)."""
+    return dict(nh=g.nh, nkv=g.nkv, hd=g.hd, rd=g.rd, hidden=g.hidden, cap=1 << 20, gemma=g.gemma, eps=g.eps,
+                attn_scale=g.scale)
+
+
 def bench_shape(label: str, tokens, reps: int, chunk: int) -> None:
     from cortiq_drv.default_model import SHAPES
     from cortiq_drv.graph import build
@@ -155,8 +161,7 @@ def bench_shape(label: str, tokens, reps: int, chunk: int) -> None:
     cmf = MemCmf(SHAPES[label], label)
     g = build(cmf)
     hs = hstate.current()
-    geo = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, rd=g.rd, hidden=g.hidden, cap=1 << 20, gemma=g.gemma, eps=g.eps,
-               attn_scale=g.scale)
+    geo = card_geo(g)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     _prompt(hs, cmf, g, geo, 1, min(chunk, 512), chunk, rng)

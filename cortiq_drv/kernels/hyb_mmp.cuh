@@ -197,24 +197,16 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
                 const unsigned char* cd = st + WB + (tw * G + g2) * 16;
                 const float rl = LT ? lrow[cd[gid]] : hy_rung(lo0, st0, cd[gid]);
                 const float rh = LT ? lrow[8 * 33 + cd[gid + 8]] : hy_rung(lo1, st1, cd[gid + 8]);
-                const u32 x1 = wv.x >> 4, x2 = wv.x >> 8, x3 = wv.x >> 12;
-                const u32 y1 = wv.y >> 4, y2 = wv.y >> 8, y3 = wv.y >> 12;
-                const u32 a00 = hy_nib2(wv.x, k_mask, k_magic, k_one, k_m136);
-                const u32 a01 = hy_nib2(x1, k_mask, k_magic, k_one, k_m136);
-                const u32 a02 = hy_nib2(x2, k_mask, k_magic, k_one, k_m136);
-                const u32 a03 = hy_nib2(x3, k_mask, k_magic, k_one, k_m136);
-                const u32 a10 = hy_nib2(wv.y, k_mask, k_magic, k_one, k_m136);
-                const u32 a11 = hy_nib2(y1, k_mask, k_magic, k_one, k_m136);
-                const u32 a12 = hy_nib2(y2, k_mask, k_magic, k_one, k_m136);
-                const u32 a13 = hy_nib2(y3, k_mask, k_magic, k_one, k_m136);
+                u32 a[8];
+                hy_unit_a(wv, k_mask, k_magic, k_one, k_m136, a);
 #pragma unroll
                 for (int j = 0; j < JA; ++j) {
                     if (C > 1 && j0 + j >= NTC) break;
                     u32 b[4];
                     hy_ldsm4(b, slot + WB + CB + (u32)((g2 * NTC + j0 + j) * 512) + ldoff);
                     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    hy_mma(s, a00, a01, a02, a03, b[0], b[1]);
-                    hy_mma(s, a10, a11, a12, a13, b[2], b[3]);
+                    hy_mma(s, a[0], a[1], a[2], a[3], b[0], b[1]);
+                    hy_mma(s, a[4], a[5], a[6], a[7], b[2], b[3]);
                     acc[j][0] = fmaf(rl, s[0], acc[j][0]);
                     acc[j][1] = fmaf(rl, s[1], acc[j][1]);
                     acc[j][2] = fmaf(rh, s[2], acc[j][2]);

@@ -12,6 +12,14 @@ __device__ __forceinline__ u32 hy_nib2(u32 v, u32 mask, u32 magic, u32 one, u32 
     return r;
 }
 
+// The eight A registers of one unit (its two k-steps) from the lane's two nibble words: a[0..3]
+// from w.x (k-step 0), a[4..7] from w.y (k-step 1), register m from the nibbles at bits 4m, 4m + 16.
+__device__ __forceinline__ void hy_unit_a(uint2 w, u32 mask, u32 magic, u32 one, u32 m136, u32* a) {
+    const u32 v[8] = {w.x, w.x >> 4, w.x >> 8, w.x >> 12, w.y, w.y >> 4, w.y >> 8, w.y >> 12};
+#pragma unroll
+    for (int m = 0; m < 8; ++m) a[m] = hy_nib2(v[m], mask, magic, one, m136);
+}
+
 // d += A (16x16 bf16, row) * B (16x8 bf16, col), f32 accumulate.
 __device__ __forceinline__ void hy_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -216,21 +224,13 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
                     const uint2 wv = *(const uint2*)(st + u * 256 + lane * 8);
                     const float rl = lrow[t * 16 * 33 + st[1024 + u * 16 + gid]];
                     const float rh = lrow[t * 16 * 33 + 8 * 33 + st[1024 + u * 16 + gid + 8]];
-                    const u32 x1 = wv.x >> 4, x2 = wv.x >> 8, x3 = wv.x >> 12;
-                    const u32 y1 = wv.y >> 4, y2 = wv.y >> 8, y3 = wv.y >> 12;
-                    const u32 a00 = hy_nib2(wv.x, k_mask, k_magic, k_one, k_m136);
-                    const u32 a01 = hy_nib2(x1, k_mask, k_magic, k_one, k_m136);
-                    const u32 a02 = hy_nib2(x2, k_mask, k_magic, k_one, k_m136);
-                    const u32 a03 = hy_nib2(x3, k_mask, k_magic, k_one, k_m136);
-                    const u32 a10 = hy_nib2(wv.y, k_mask, k_magic, k_one, k_m136);
-                    const u32 a11 = hy_nib2(y1, k_mask, k_magic, k_one, k_m136);
-                    const u32 a12 = hy_nib2(y2, k_mask, k_magic, k_one, k_m136);
-                    const u32 a13 = hy_nib2(y3, k_mask, k_magic, k_one, k_m136);
+                    u32 a[8];
+                    hy_unit_a(wv, k_mask, k_magic, k_one, k_m136, a);
 #pragma unroll
                     for (int j = 0; j < NTC; ++j) {
                         float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        hy_mma(s, a00, a01, a02, a03, bc[j][0], bc[j][1]);
-                        hy_mma(s, a10, a11, a12, a13, bc[j][2], bc[j][3]);
+                        hy_mma(s, a[0], a[1], a[2], a[3], bc[j][0], bc[j][1]);
+                        hy_mma(s, a[4], a[5], a[6], a[7], bc[j][2], bc[j][3]);
                         acc[t][j][0] = fmaf(rl, s[0], acc[t][j][0]);
                         acc[t][j][1] = fmaf(rl, s[1], acc[t][j][1]);
                         acc[t][j][2] = fmaf(rh, s[2], acc[t][j][2]);

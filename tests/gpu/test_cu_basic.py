@@ -5,23 +5,10 @@ import numpy as np
 import pytest
 
 from cortiq_drv.cu import Arena, Buf, Ctx, Pinned, kargs
-from cortiq_drv.cu.nvrtc import compile_cubin, func, load
+from cortiq_drv.cu.nvrtc import func
 from cortiq_drv.errors import CudaError
-from cortiq_drv.kernels import source
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    return Ctx.current()
-
-
-@pytest.fixture(scope="module")
-def mod(ctx):
-    m = load(ctx, compile_cubin(source("basic.cu"), (), ctx.arch))
-    yield m
-    m.close()
 
 
 def _grid(n, block=256):

@@ -4,25 +4,12 @@ new contents of the same buffers, a failed capture leaves the stream usable, eve
 import numpy as np
 import pytest
 
-from cortiq_drv.cu import Buf, Ctx, Event, GraphRec, Pinned, capture, kargs
-from cortiq_drv.cu.nvrtc import compile_cubin, func, load
-from cortiq_drv.kernels import source
+from cortiq_drv.cu import Buf, Event, GraphRec, Pinned, capture, kargs
+from cortiq_drv.cu.nvrtc import func
 
 pytestmark = pytest.mark.gpu
 
 N = 4099
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    return Ctx.current()
-
-
-@pytest.fixture(scope="module")
-def mod(ctx):
-    m = load(ctx, compile_cubin(source("basic.cu"), (), ctx.arch))
-    yield m
-    m.close()
 
 
 def _chain(ctx, mod, y, x, scales):

@@ -22,16 +22,15 @@ import re
 import numpy as np
 import pytest
 
+from _dev import MID
 from cortiq_drv.cli import main
-from cortiq_drv.default_model import SHAPES, Shape, build_model, default_model_path
+from cortiq_drv.default_model import SHAPES, build_model, default_model_path
 from cortiq_drv.engine import Engine
 from cortiq_drv.errors import Declined
 from cortiq_drv.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
 
-MID = Shape(hidden=1024, layers=8, heads=8, kv_heads=2, head_dim=256, gdn_k_heads=4, gdn_v_heads=8,
-            gdn_head_dim=128, ffn=3072, vocab=16384, seed=3)
 # (prompt length, the card's prompt chunk): chunk boundaries inside the prompt and a tail of
 # more than NMAX rows (default) or at most NMAX rows (mid) before the last row.
 PROMPTS = {"default": (150, 64), "mid": (53, 24)}

@@ -15,77 +15,17 @@ import numpy as np
 import pytest
 
 from cortiq_drv import knobs
-from cortiq_drv.cmf import CmfFile, CmfWriter
-from cortiq_drv.default_model import SHAPES, Shape, header, tensor_payloads
-from cortiq_drv.host.model import HostModel
-from cortiq_drv.hybrid import api
-from cortiq_drv.hybrid import state as hstate
 
 pytestmark = pytest.mark.gpu
 
-MID = Shape(hidden=1024, layers=8, heads=8, kv_heads=2, head_dim=256, gdn_k_heads=4, gdn_v_heads=8,
-            gdn_head_dim=128, ffn=3072, vocab=16384, seed=3)
-CAP = 262_144
 TOL = 2e-2
 DECODE_STEPS = 4
-
-
-def _write(shape: Shape, path):
-    with CmfWriter(path) as w:
-        for name, dtype, tshape, payload in tensor_payloads(shape):
-            w.add(name, dtype, tshape, payload)
-        w.set_header(header(shape, "test"))
-    return path
 
 
 def rel_rms(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     assert np.isfinite(a).all()
     return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
-
-
-class Arm:
-    """A model on both arms: the host model for reference, the card through `api`."""
-
-    def __init__(self, path):
-        self.cmf = CmfFile.open(path)
-        self.hm = HostModel(self.cmf)
-        self.g = g = self.hm.graph
-        self.hs = hstate.current()
-        self.geo = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, rd=g.rd, hidden=g.hidden, cap=CAP, gemma=g.gemma,
-                        eps=g.eps, attn_scale=g.scale)
-
-    def prefill(self, kv_id, ids, chunk):
-        """The prompt on the card in chunks; the residual rows of the last chunk."""
-        g, pos = self.g, 0
-        for c0 in range(0, len(ids), chunk):
-            part = ids[c0:c0 + chunk]
-            h = np.array(self.hm.embed(part), dtype=np.float32)
-            last = c0 + len(part) == len(ids)
-            out = api.batch(self.hs, self.cmf, kv_id, 0, g.layers, g.invf, h,
-                            positions=range(pos, pos + len(part)), defer=not last, **self.geo)
-            assert out.ok, out.reason
-            pos += len(part)
-        return h
-
-    def token(self, kv_id, tok, pos):
-        g = self.g
-        h = np.array(self.hm.embed([tok])[0], dtype=np.float32)
-        logits = np.empty(g.lm_rows, np.float32)
-        out = api.token(self.hs, self.cmf, kv_id, g.layers, g.invf, h, position=pos,
-                        lm_head=(g.lm, g.lm_rows), final_norm=g.final_norm, logits=logits, **self.geo)
-        assert out.ok, out.reason
-        return logits
-
-
-@pytest.fixture(scope="module")
-def default_arm(tmp_path_factory):
-    return Arm(_write(SHAPES["default"], tmp_path_factory.mktemp("m") / "default.cmf"))
-
-
-@pytest.fixture(scope="module")
-def mid_arm(tmp_path_factory):
-    return Arm(_write(MID, tmp_path_factory.mktemp("m") / "mid.cmf"))
 
 
 _KV = iter(range(1000, 2000))

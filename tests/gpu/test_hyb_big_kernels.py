@@ -11,24 +11,18 @@ f32 glue relative RMS <= 1e-6 (the ring: bytes); the chunked delta rule against 
 import numpy as np
 import pytest
 
+import _dev
+from _dev import rel_rms
 from cortiq_drv import knobs
-from cortiq_drv.cu import Buf, Ctx, kargs
-from cortiq_drv.cu.nvrtc import compile_cubin, func, load
+from cortiq_drv.cu import kargs
 from cortiq_drv.hybrid import kernels_big_ref as br
 from cortiq_drv.hybrid import kernels_ref as kr
 from cortiq_drv.hybrid.big import CHUNK_SMEM, WY_SMEM, attend
 from cortiq_drv.hybrid.repack import random_q4tp, repack_q4tp
-from cortiq_drv.kernels import source
 
 pytestmark = pytest.mark.gpu
 
 F32, F16 = np.float32, np.float16
-
-
-def rel_rms(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert np.isfinite(a).all() and np.isfinite(b).all()
-    return float(np.sqrt(np.mean((a - b) ** 2) / max(np.mean(b ** 2), 1e-300)))
 
 
 def f16_steps(a, b) -> np.ndarray:
@@ -39,41 +33,15 @@ def f16_steps(a, b) -> np.ndarray:
     return np.abs(order(a) - order(b))
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    return Ctx.current()
-
-
-@pytest.fixture(scope="module")
-def kern(ctx):
-    mods = {}
-
-    def get(name, hpk=4, hd=256):
-        if (hpk, hd) not in mods:
-            mods[hpk, hd] = load(ctx, compile_cubin(source("hyb.cu"), {"HPK": hpk, "HD": hd}, ctx.arch))
-        return func(mods[hpk, hd], name)
-
-    yield get
-    for m in mods.values():
-        m.close()
-
-
-class Dev:
-    """A test's device buffers (and named scratch), freed at its end."""
+class ScratchDev(_dev.Dev):
+    """A test's device buffers (and named scratch), freed at its end; zeroed, at least 4 bytes."""
 
     def __init__(self, ctx):
-        self.ctx, self.bufs, self.named = ctx, [], {}
-
-    def put(self, a):
-        b = Buf.from_array(self.ctx, np.ascontiguousarray(a))
-        self.bufs.append(b)
-        return b
+        super().__init__(ctx)
+        self.named = {}
 
     def new(self, nbytes):
-        b = Buf.new(self.ctx, max(nbytes, 4))
-        b.memset(0)
-        self.bufs.append(b)
-        return b
+        return super().new(max(nbytes, 4))
 
     def scr(self, name, nbytes):
         b = self.named.get(name)
@@ -87,11 +55,10 @@ class Dev:
 
 @pytest.fixture
 def dev(ctx):
-    d = Dev(ctx)
+    d = ScratchDev(ctx)
     yield d
     ctx.sync()
-    for b in d.bufs:
-        b.close()
+    d.close()
 
 
 def grid(n):

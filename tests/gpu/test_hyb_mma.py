@@ -12,7 +12,7 @@ import pytest
 
 from cortiq_drv import knobs
 from cortiq_drv.cmf import f16, q4tp
-from cortiq_drv.cu import Buf, Ctx, capture
+from cortiq_drv.cu import Buf, capture
 from cortiq_drv.errors import Declined
 from cortiq_drv.hybrid import mma
 from cortiq_drv.hybrid.mats import MatStore
@@ -21,11 +21,6 @@ from cortiq_drv.hybrid.repack import (pair_map, planes_bytes, random_q4tp, repac
 
 pytestmark = pytest.mark.gpu
 VARIANTS = [(nt, tb, ks) for nt in (1, 2) for tb in (1, 2) for ks in (8, 16)]
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    return Ctx.current()
 
 
 @pytest.fixture(scope="module")

@@ -10,67 +10,14 @@ planes against put3 of the kernel's own f32, argmax, f16 conversion.
 import numpy as np
 import pytest
 
-from cortiq_drv.cu import Buf, Ctx, kargs
-from cortiq_drv.cu.nvrtc import compile_cubin, func, load
+from _dev import rel_rms
+from cortiq_drv.cu import kargs
 from cortiq_drv.hybrid import kernels_ref as kr
-from cortiq_drv.kernels import source
 
 pytestmark = pytest.mark.gpu
 
 F32 = np.float32
 ATTN_NBLK = 129
-
-
-def rel_rms(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert np.isfinite(a).all() and np.isfinite(b).all()
-    return float(np.sqrt(np.mean((a - b) ** 2) / max(np.mean(b ** 2), 1e-300)))
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    return Ctx.current()
-
-
-@pytest.fixture(scope="module")
-def kern(ctx):
-    """kern(name, hpk, hd): the kernel from hyb.cu compiled for that attention geometry."""
-    mods = {}
-
-    def get(name, hpk=4, hd=256):
-        if (hpk, hd) not in mods:
-            mods[hpk, hd] = load(ctx, compile_cubin(source("hyb.cu"), {"HPK": hpk, "HD": hd}, ctx.arch))
-        return func(mods[hpk, hd], name)
-
-    yield get
-    for m in mods.values():
-        m.close()
-
-
-class Dev:
-    """A test's device buffers, freed at its end."""
-
-    def __init__(self, ctx):
-        self.ctx, self.bufs = ctx, []
-
-    def put(self, a):
-        b = Buf.from_array(self.ctx, np.ascontiguousarray(a))
-        self.bufs.append(b)
-        return b
-
-    def new(self, nbytes, fill=0):
-        b = Buf.new(self.ctx, nbytes)
-        b.memset(fill)
-        self.bufs.append(b)
-        return b
-
-
-@pytest.fixture
-def dev(ctx):
-    d = Dev(ctx)
-    yield d
-    for b in d.bufs:
-        b.close()
 
 
 # ---- GDN ------------------------------------------------------------------------------------

@@ -19,73 +19,12 @@ import numpy as np
 import pytest
 
 from cortiq_drv import knobs
-from cortiq_drv.cmf import CmfFile, CmfWriter
-from cortiq_drv.default_model import SHAPES, Shape, header, tensor_payloads
-from cortiq_drv.graph import GraphAttn, SpecTail
-from cortiq_drv.host.model import HostModel
 from cortiq_drv.hybrid import api, spec
 from cortiq_drv.hybrid import state as hstate
 
 pytestmark = pytest.mark.gpu
 
-MID = Shape(hidden=1024, layers=8, heads=8, kv_heads=2, head_dim=256, gdn_k_heads=4, gdn_v_heads=8,
-            gdn_head_dim=128, ffn=3072, vocab=16384, seed=3)
-CAP = 262_144
 TOL = 1e-3
-
-
-def _write(shape: Shape, path):
-    """The generated model (random q4tp weights) without a vocab section."""
-    with CmfWriter(path) as w:
-        for name, dtype, tshape, payload in tensor_payloads(shape):
-            w.add(name, dtype, tshape, payload)
-        w.set_header(header(shape, "test"))
-    return path
-
-
-class Arm:
-    """A model on both arms: the host model for reference, the card through `api`."""
-
-    def __init__(self, path):
-        self.cmf = CmfFile.open(path)
-        self.hm = HostModel(self.cmf)
-        self.g = self.hm.graph
-        self.hs = hstate.current()
-        g = self.g
-        self.geo = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, rd=g.rd, hidden=g.hidden, cap=CAP, gemma=g.gemma,
-                        eps=g.eps, attn_scale=g.scale)
-
-    def token(self, kv_id, tok, pos, layers=None):
-        g = self.g
-        h = np.array(self.hm.embed([tok])[0], dtype=np.float32)
-        logits = np.empty(g.lm_rows, np.float32)
-        out = api.token(self.hs, self.cmf, kv_id, layers or g.layers, g.invf, h, position=pos,
-                        lm_head=(g.lm, g.lm_rows), final_norm=g.final_norm, logits=logits, **self.geo)
-        assert out.ok, out.reason
-        return logits
-
-    def window(self, kv_id, toks, pos0, argmax=False):
-        g = self.g
-        h = np.array(self.hm.embed(toks), dtype=np.float32)
-        sp = SpecTail(g.lm, g.lm_rows, g.final_norm)
-        ids = np.empty(len(toks), np.int32) if argmax else None
-        out = api.batch(self.hs, self.cmf, kv_id, 0, g.layers, g.invf, h, positions=range(pos0, pos0 + len(toks)),
-                        spec=sp, argmax_out=ids, **self.geo)
-        assert out.ok, out.reason
-        return ids if argmax else sp.logits_out
-
-    def gdn_layers(self):
-        return sum(isinstance(l.attn, GraphAttn.Gdn) for l in self.g.layers)
-
-
-@pytest.fixture(scope="module")
-def default_arm(tmp_path_factory):
-    return Arm(_write(SHAPES["default"], tmp_path_factory.mktemp("m") / "default.cmf"))
-
-
-@pytest.fixture(scope="module")
-def mid_arm(tmp_path_factory):
-    return Arm(_write(MID, tmp_path_factory.mktemp("m") / "mid.cmf"))
 
 
 def rel_rms(a, b) -> float:

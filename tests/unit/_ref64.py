@@ -9,6 +9,15 @@ import math
 import numpy as np
 
 
+def rel_rms(a, b):
+    """Relative RMS error of a against the reference b (a NaN or inf fails)."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    err = np.sqrt(np.mean((a - b) ** 2)) / max(np.sqrt(np.mean(b ** 2)), 1e-30)
+    assert np.isfinite(err)
+    return err
+
+
 def rms(x, w, eps, gemma):
     x = np.asarray(x, dtype=np.float64)
     w = np.asarray(w, dtype=np.float64)

@@ -13,16 +13,9 @@ from cortiq_drv.graph import rope_inv_freq
 from cortiq_drv.host.ops import rms_norm, rope_tables
 
 import _ref64 as ref
+from _ref64 import rel_rms
 
 TOL = 2e-5
-
-
-def rel_rms(a, b):
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    err = np.sqrt(np.mean((a - b) ** 2)) / max(np.sqrt(np.mean(b ** 2)), 1e-30)
-    assert np.isfinite(err)
-    return err
 
 
 def gdn_weights(rng, hidden, nk, nv, dk, dv, kk):

@@ -9,20 +9,13 @@ import numpy as np
 import pytest
 
 import _ref64 as ref
+from _ref64 import rel_rms
 import _tiny
 from cortiq_drv.cmf import CmfFile
 from cortiq_drv.errors import CortiqError
 from cortiq_drv.host import HostModel
 
 PROMPT = [5, 17, 300, 2, 99, 411, 23, 8, 150, 77, 3]
-
-
-def rel_rms(a, b):
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    err = np.sqrt(np.mean((a - b) ** 2)) / max(np.sqrt(np.mean(b ** 2)), 1e-30)
-    assert np.isfinite(err)
-    return err
 
 
 def close(a, b, tol=1e-5):

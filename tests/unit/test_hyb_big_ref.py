@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 
 import _fakecard
-import _tiny
-from cortiq_drv.cmf import CmfFile, q4tp
-from cortiq_drv.graph import GraphAttn, SpecTail, build as graph_build
+from cortiq_drv.cmf import q4tp
+from cortiq_drv.graph import GraphAttn, SpecTail
 from cortiq_drv.hybrid.admit import admit
 from cortiq_drv.hybrid.plan import plan_for
 from cortiq_drv.hybrid.state import HState
@@ -87,16 +86,21 @@ def test_gdn_glue_is_the_small_front():
     assert rel_rms(gb, gb_want) < 1e-6
 
 
+def _assert_delta_is_scan(cq, gb, s0):
+    """The chunked delta rule (2 key heads) against the serial scan: outputs and end state."""
+    o_want, s_want = kr.gdn_scan(cq, gb, s0, 2)
+    o, s = br.gdn_delta(cq, gb, s0, 2)
+    assert rel_rms(o, o_want) < 2e-5
+    assert rel_rms(s, s_want) < 2e-5
+
+
 @pytest.mark.parametrize("n", [1, 17, 64, 65, 150])
 def test_chunked_delta_rule_is_the_serial_scan(n):
     rng = np.random.default_rng(n)
     raw, ring, taps, xn, aw, bw, a_log, dt_bias = gdn_inputs(rng, n)
     cq, gb = kr.gdn_front(raw, ring, taps, xn, aw, bw, a_log, dt_bias, 2, 128)
     s0 = (rng.standard_normal((4, 128, 128)) * 0.1).astype(F32)
-    o_want, s_want = kr.gdn_scan(cq, gb, s0, 2)
-    o, s = br.gdn_delta(cq, gb, s0, 2)
-    assert rel_rms(o, o_want) < 2e-5
-    assert rel_rms(s, s_want) < 2e-5
+    _assert_delta_is_scan(cq, gb, s0)
 
 
 def test_chunked_delta_rule_survives_a_vanishing_decay():
@@ -105,10 +109,7 @@ def test_chunked_delta_rule_survives_a_vanishing_decay():
     cq, gb = kr.gdn_front(raw, ring, taps, xn, aw, bw, a_log, dt_bias, 2, 128)
     gb[5:9, :4] = 0.0
     s0 = np.zeros((4, 128, 128), F32)
-    o_want, s_want = kr.gdn_scan(cq, gb, s0, 2)
-    o, s = br.gdn_delta(cq, gb, s0, 2)
-    assert rel_rms(o, o_want) < 2e-5
-    assert rel_rms(s, s_want) < 2e-5
+    _assert_delta_is_scan(cq, gb, s0)
 
 
 def test_gdn_out_h_is_the_gated_norm():
@@ -200,18 +201,9 @@ def kernel_formats() -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = _tiny.write_tiny(tmp_path_factory.mktemp("big") / "t.cmf", linear_key_head_dim=128,
-                            linear_value_head_dim=128)
-    cmf = CmfFile.open(path)
-    yield cmf, graph_build(cmf)
-    cmf.close()
-
-
-def _prompt(tiny, chunks):
+def _prompt(hyb_tiny, chunks):
     """A fresh fake card; the tiny model's prompt through big in chunks of these sizes."""
-    cmf, g = tiny
+    cmf, g = hyb_tiny
     ctx = GemmCtx()
     hs = HState(ctx, _fakecard.FakeCard(ctx, _fakecard.Heap(256 << 20)))
     p = plan_for(hs, cmf, g.layers, 0, None, None, g.nh, g.nkv, g.hd, g.rd, g.hidden, g.gemma, g.eps, g.scale,
@@ -225,8 +217,8 @@ def _prompt(tiny, chunks):
     return hs, ctx, p, g
 
 
-def test_big_launches_match_the_kernel_signatures(tiny):
-    hs, ctx, p, g = _prompt(tiny, [40, 17])
+def test_big_launches_match_the_kernel_signatures(hyb_tiny):
+    hs, ctx, p, g = _prompt(hyb_tiny, [40, 17])
     fmts = kernel_formats()
     names = [l.name for l in ctx.launches]
     for l in ctx.launches:
@@ -239,8 +231,8 @@ def test_big_launches_match_the_kernel_signatures(tiny):
     assert all(m.stored == 57 for m in hs.kv.values())
 
 
-def test_big_gemm_shapes(tiny):
-    hs, ctx, p, g = _prompt(tiny, [40, 17])
+def test_big_gemm_shapes(hyb_tiny):
+    hs, ctx, p, g = _prompt(hyb_tiny, [40, 17])
     weights = [x for x in ctx.gemms if x[0] == "gemm"]
     # q, k, v, o or qkv, z, a, b, out; then gate/up and down, per layer and chunk
     per_layer = [6 if isinstance(l.attn, GraphAttn.Full) else 7 for l in g.layers]
@@ -272,8 +264,8 @@ def test_mul_expands_in_bands():
     assert [l.name for l in ctx2.launches] == ["hy_expand_p"] and ctx2.gemms[0][1:4] == (100, 5, 64)
 
 
-def test_batch_takes_a_prompt_chunk_to_big(tiny):
-    cmf, g = tiny
+def test_batch_takes_a_prompt_chunk_to_big(hyb_tiny):
+    cmf, g = hyb_tiny
     ctx = GemmCtx()
     hs = HState(ctx, _fakecard.FakeCard(ctx, _fakecard.Heap(256 << 20)))
     kw = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, rd=g.rd, hidden=g.hidden, cap=4096, gemma=g.gemma, eps=g.eps,

@@ -7,12 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-import pytest
 
 import _fakecard
-import _tiny
-from cortiq_drv.cmf import CmfFile
-from cortiq_drv.graph import GraphAttn, build as graph_build
+from cortiq_drv.graph import GraphAttn
 from cortiq_drv.hybrid import spec
 from cortiq_drv.hybrid.admit import admit
 from cortiq_drv.hybrid.book import ATTN_NBLK, attn_rb, book, record, scratch_sizes
@@ -22,17 +19,8 @@ CDIM = 2 * 2 * 128 + 4 * 128
 S_N, RING_N = 4 * 128 * 128, 3 * CDIM
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = _tiny.write_tiny(tmp_path_factory.mktemp("hyb") / "t.cmf", linear_key_head_dim=128,
-                            linear_value_head_dim=128)
-    cmf = CmfFile.open(path)
-    yield cmf, graph_build(cmf)
-    cmf.close()
-
-
-def _setup(tiny):
-    cmf, g = tiny
+def _setup(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, ctx, card = _fakecard.fake_state()
     p = plan_for(hs, cmf, g.layers, 0, None, None, g.nh, g.nkv, g.hd, g.rd, g.hidden, g.gemma, g.eps, g.scale,
                  g.invf, 0)
@@ -67,8 +55,8 @@ def test_attn_rb_and_records():
     assert scratch_sizes(4, 32, 5, 64, 20_000)["hy_S"] == 16 * 4 * 20480 * 4
 
 
-def test_fresh_sequence_admit_and_book(tiny):
-    hs, ctx, p, g = _setup(tiny)
+def test_fresh_sequence_admit_and_book(hyb_tiny):
+    hs, ctx, p, g = _setup(hyb_tiny)
     assert admit(hs, p, g.layers, 7, 0, 0, 3, 0) is None
     gs = hs.gdn[(7, 0)]
     assert gs.next_pos == 0 and gs.dims == (4, 2, 128, 128, 4)
@@ -90,8 +78,8 @@ def test_fresh_sequence_admit_and_book(tiny):
     assert book(hs, p, 7, 0, 3, 1, False, 4096).ci.tolist() == record(3, 1) and gs.tape is None
 
 
-def test_mirror_rows_from_the_host_as_f16(tiny):
-    hs, _, p, g = _setup(tiny)
+def test_mirror_rows_from_the_host_as_f16(hyb_tiny):
+    hs, _, p, g = _setup(hyb_tiny)
     layers = _with_host(g, 10)
     assert admit(hs, p, layers, 1, 0, 10, 1, 0) is None
     m = hs.kv[(1, 3)]
@@ -108,8 +96,8 @@ def test_mirror_rows_from_the_host_as_f16(tiny):
     np.testing.assert_array_equal(gs.s.read(np.float32, S_N), layers[0].attn.cpu_state[RING_N:])
 
 
-def test_mirror_rewinds_grows_and_fills_gaps(tiny):
-    hs, _, p, g = _setup(tiny)
+def test_mirror_rewinds_grows_and_fills_gaps(hyb_tiny):
+    hs, _, p, g = _setup(hyb_tiny)
     assert admit(hs, p, _with_host(g, 0), 2, 0, 0, 16, 0) is None
     book(hs, p, 2, 0, 0, 16, True, 4096)
     m = hs.kv[(2, 3)]
@@ -131,8 +119,8 @@ def test_mirror_rewinds_grows_and_fills_gaps(tiny):
     assert not m.k.read(np.uint8, (cap + 3 - 16) * m.row * 2, 16 * m.row * 2).any()
 
 
-def test_gdn_refusals(tiny):
-    hs, _, p, g = _setup(tiny)
+def test_gdn_refusals(hyb_tiny):
+    hs, _, p, g = _setup(hyb_tiny)
     assert admit(hs, p, g.layers, 3, 0, 0, 1, 0) is None
     book(hs, p, 3, 0, 0, 1, False, 4096)
     # the card's state is at row 1: a call at 4 is a hard refusal
@@ -147,8 +135,8 @@ def test_gdn_refusals(tiny):
     assert not hard and "seed missing" in why
 
 
-def test_scratch_grows_past_4096_keys(tiny):
-    hs, _, p, g = _setup(tiny)
+def test_scratch_grows_past_4096_keys(hyb_tiny):
+    hs, _, p, g = _setup(hyb_tiny)
     layers = _with_host(g, 4094)
     assert admit(hs, p, layers, 5, 0, 4094, 2, 0) is None
     bk = book(hs, p, 5, 0, 4094, 2, False, 262144)
@@ -165,8 +153,8 @@ def test_scratch_grows_past_4096_keys(tiny):
     assert bk3.scratch[0].bytes == 16 * g.nh * 20480 * 4
 
 
-def test_restore_table_snapshot_read_reset(tiny):
-    hs, ctx, p, g = _setup(tiny)
+def test_restore_table_snapshot_read_reset(hyb_tiny):
+    hs, ctx, p, g = _setup(hyb_tiny)
     layers = _with_host(g, 6)
     assert admit(hs, p, layers, 9, 0, 6, 4, 0) is None
     book(hs, p, 9, 0, 6, 4, True, 4096)

@@ -6,25 +6,13 @@ argument list against the kernels' signatures in kernels/*.cuh."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import _fakecard
-import _tiny
-from cortiq_drv.cmf import CmfFile
-from cortiq_drv.graph import TokenGraphOutcome, build as graph_build
+from cortiq_drv.graph import TokenGraphOutcome
 from cortiq_drv.hybrid import api
 from cortiq_drv.hybrid.admit import admit
 from cortiq_drv.hybrid.graphs import run_small
 from cortiq_drv.hybrid.plan import plan_for
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = _tiny.write_tiny(tmp_path_factory.mktemp("hyb") / "t.cmf", linear_key_head_dim=128,
-                            linear_value_head_dim=128)
-    cmf = CmfFile.open(path)
-    yield cmf, graph_build(cmf)
-    cmf.close()
 
 
 def _plan(hs, cmf, g, head=True):
@@ -38,8 +26,8 @@ def _call(hs, p, g, kv_id, pos0, n, tape=False, head=True):
     return run_small(hs, p, kv_id, 0, pos0, n, tape, head, 4096)
 
 
-def test_replay_while_pointers_hold(tiny):
-    cmf, g = tiny
+def test_replay_while_pointers_hold(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, ctx, card = _fakecard.fake_state()
     p = _plan(hs, cmf, g)
     ctx.launches.clear()
@@ -59,8 +47,8 @@ def test_replay_while_pointers_hold(tiny):
     assert {k[1:6] for k in hs.graphs} == {(1, 0, 1, False, True), (1, 0, 4, True, True), (2, 0, 1, False, True)}
 
 
-def test_rerecorded_when_the_mirror_grows(tiny):
-    cmf, g = tiny
+def test_rerecorded_when_the_mirror_grows(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, _, _ = _fakecard.fake_state()
     p = _plan(hs, cmf, g)
     _call(hs, p, g, 1, 0, 1)
@@ -73,8 +61,8 @@ def test_rerecorded_when_the_mirror_grows(tiny):
     assert old.graph.closed
 
 
-def test_rerecorded_when_the_scratch_grows(tiny):
-    cmf, g = tiny
+def test_rerecorded_when_the_scratch_grows(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, _, _ = _fakecard.fake_state()
     hs.debug = True
     p = _plan(hs, cmf, g)
@@ -91,8 +79,8 @@ def test_rerecorded_when_the_scratch_grows(tiny):
     assert hs.counters.graph_rec == 2 and hs.counters.graph_run == 3
 
 
-def test_direct_launches_match_the_recorded_graph(tiny):
-    cmf, g = tiny
+def test_direct_launches_match_the_recorded_graph(hyb_tiny):
+    cmf, g = hyb_tiny
     recorded = {}
     for graphs in (True, False):
         hs, ctx, card = _fakecard.fake_state()
@@ -105,8 +93,8 @@ def test_direct_launches_match_the_recorded_graph(tiny):
     assert recorded[True] == recorded[False]
 
 
-def test_launch_sequence_and_argument_lists(tiny):
-    cmf, g = tiny
+def test_launch_sequence_and_argument_lists(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, ctx, _ = _fakecard.fake_state()
     hs.use_graphs = False
     p = _plan(hs, cmf, g)
@@ -135,8 +123,8 @@ def test_launch_sequence_and_argument_lists(tiny):
     assert p.ci.read(np.int32, 8).tolist() == [0, 0, 64, 4096, 64, 0, 0, 0]
 
 
-def test_token_outcomes_on_the_fake_card(tiny):
-    cmf, g = tiny
+def test_token_outcomes_on_the_fake_card(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, _, _ = _fakecard.fake_state()
     kw = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, attn_scale=g.scale, rd=g.rd, hidden=g.hidden, cap=64, gemma=g.gemma,
               eps=g.eps, lm_head=(g.lm, g.lm_rows), final_norm=g.final_norm)
@@ -157,8 +145,8 @@ def _kw(g, cap=64):
                 eps=g.eps)
 
 
-def test_taps_keep_the_rows_after_asked_layers(tiny):
-    cmf, g = tiny
+def test_taps_keep_the_rows_after_asked_layers(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, _, _ = _fakecard.fake_state()
     hs.taps_wanted = (1, 3)
     h = np.arange(g.hidden, dtype=np.float32)
@@ -174,8 +162,8 @@ def test_taps_keep_the_rows_after_asked_layers(tiny):
     assert hs.taps_out is None
 
 
-def test_profile_stages_launch_directly(tiny, capsys):
-    cmf, g = tiny
+def test_profile_stages_launch_directly(hyb_tiny, capsys):
+    cmf, g = hyb_tiny
     hs, ctx, card = _fakecard.fake_state()
     hs.prof = True
     hs.debug = True
@@ -197,10 +185,10 @@ def test_profile_stages_launch_directly(tiny, capsys):
     assert "mem after a test" in capsys.readouterr().err
 
 
-def test_batch_outcomes(tiny):
+def test_batch_outcomes(hyb_tiny):
     from cortiq_drv.graph import SpecTail
 
-    cmf, g = tiny
+    cmf, g = hyb_tiny
     hs, ctx, _ = _fakecard.fake_state()
     kw = _kw(g)
     h = np.ones((4, g.hidden), np.float32)

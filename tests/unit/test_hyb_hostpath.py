@@ -10,20 +10,8 @@ import numpy as np
 import pytest
 
 import _fakecard
-import _tiny
-from cortiq_drv.cmf import CmfFile
-from cortiq_drv.graph import build as graph_build
 from cortiq_drv.hybrid import admit as admit_mod
 from cortiq_drv.hybrid import api, plan as plan_mod, spec
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = _tiny.write_tiny(tmp_path_factory.mktemp("hyb") / "t.cmf", linear_key_head_dim=128,
-                            linear_value_head_dim=128)
-    cmf = CmfFile.open(path)
-    yield cmf, graph_build(cmf)
-    cmf.close()
 
 
 @pytest.fixture
@@ -58,8 +46,8 @@ def _step(hs, cmf, g, pos, layers=None, final_norm=None, kv_id=1):
     return h, logits
 
 
-def test_fifty_tokens_without_expensive_host_work(tiny, counted):
-    cmf, g = tiny
+def test_fifty_tokens_without_expensive_host_work(hyb_tiny, counted):
+    cmf, g = hyb_tiny
     hs, ctx, card = _fakecard.fake_state()
     _step(hs, cmf, g, 0)
     first = dict(counted)
@@ -82,8 +70,8 @@ def test_fifty_tokens_without_expensive_host_work(tiny, counted):
     assert (h == 0.5).all() and logits.dtype == np.float32
 
 
-def test_caches_give_way(tiny, counted):
-    cmf, g = tiny
+def test_caches_give_way(hyb_tiny, counted):
+    cmf, g = hyb_tiny
     hs, _, card = _fakecard.fake_state()
     _step(hs, cmf, g, 0)
     _step(hs, cmf, g, 1)
@@ -113,8 +101,8 @@ def test_caches_give_way(tiny, counted):
     assert counted["gdn"] == before + 3
 
 
-def test_mirror_growth_rerecords_through_the_full_pass(tiny, counted):
-    cmf, g = tiny
+def test_mirror_growth_rerecords_through_the_full_pass(hyb_tiny, counted):
+    cmf, g = hyb_tiny
     hs, _, _ = _fakecard.fake_state()
     _step(hs, cmf, g, 0)
     m = hs.kv[(1, 3)]
@@ -139,10 +127,10 @@ def _i(b: bytes) -> int:
     return int.from_bytes(b, "little", signed=True)
 
 
-def test_greedy_pick_on_the_card(tiny):
+def test_greedy_pick_on_the_card(hyb_tiny):
     """A greedy step: hy_argmax over the sampleable rows inside the recorded graph, only the id
     and the residual row come back, every host copy through pinned staging at fixed addresses."""
-    cmf, g = tiny
+    cmf, g = hyb_tiny
     hs, ctx, card = _fakecard.fake_state()
     rows = g.lm_rows - 7  # sampleable ids: the padding rows past them are never searched
     _step(hs, cmf, g, 0)
@@ -178,8 +166,8 @@ def test_greedy_pick_on_the_card(tiny):
     assert all(ctx.launches[k * step + step - 1].name == "hy_argmax" for k in range(20))
 
 
-def test_pick_with_logits_and_declines(tiny):
-    cmf, g = tiny
+def test_pick_with_logits_and_declines(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, ctx, card = _fakecard.fake_state()
     # a pick with a logits row asked too: both come back
     logits = np.full(g.lm_rows, np.nan, np.float32)
@@ -198,10 +186,10 @@ def test_pick_with_logits_and_declines(tiny):
     assert out.status == "declined" and "logits" in out.reason
 
 
-def test_greedy_verify_window_picks_in_the_graph(tiny):
+def test_greedy_verify_window_picks_in_the_graph(hyb_tiny):
     from cortiq_drv.graph import SpecTail
 
-    cmf, g = tiny
+    cmf, g = hyb_tiny
     hs, ctx, card = _fakecard.fake_state()
     _step(hs, cmf, g, 0)
     kw = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, attn_scale=g.scale, rd=g.rd, hidden=g.hidden, cap=4096,

@@ -19,16 +19,6 @@ from cortiq_drv.hybrid.launch import rope_rows
 from cortiq_drv.hybrid.plan import GdnL, hsig, plan_for
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """The tiny model with the GDN geometry of the kernels (dk = dv = 128)."""
-    path = _tiny.write_tiny(tmp_path_factory.mktemp("hyb") / "t.cmf", linear_key_head_dim=128,
-                            linear_value_head_dim=128)
-    cmf = CmfFile.open(path)
-    yield cmf, graph_build(cmf)
-    cmf.close()
-
-
 def _plan(hs, cmf, g, layers=None, first_pos=0, final_norm=None, head=True, eps=None):
     layers = g.layers if layers is None else layers
     lm = (g.lm, g.lm_rows) if head else None
@@ -36,8 +26,8 @@ def _plan(hs, cmf, g, layers=None, first_pos=0, final_norm=None, head=True, eps=
                     g.rd, g.hidden, g.gemma, g.eps if eps is None else eps, g.scale, g.invf, first_pos)
 
 
-def test_build_geometry_and_buffers(tiny):
-    cmf, g = tiny
+def test_build_geometry_and_buffers(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, ctx, card = _fakecard.fake_state()
     p = _plan(hs, cmf, g)
     cdim = 2 * 2 * 128 + 4 * 128
@@ -56,8 +46,8 @@ def test_build_geometry_and_buffers(tiny):
     assert store.arena_needs and store.arena_needs[0] > 0
 
 
-def test_job_tables_point_at_the_row_buffers(tiny):
-    cmf, g = tiny
+def test_job_tables_point_at_the_row_buffers(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, _, _ = _fakecard.fake_state()
     p = _plan(hs, cmf, g)
     r, geo = p.rows, p.geom
@@ -81,8 +71,8 @@ def test_job_tables_point_at_the_row_buffers(tiny):
     assert gd.a.read(np.float32, 4 * 64).tolist() == g.layers[0].attn.a.data.reshape(-1).tolist()
 
 
-def test_plan_reused_until_the_signature_moves(tiny):
-    cmf, g = tiny
+def test_plan_reused_until_the_signature_moves(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, _, _ = _fakecard.fake_state()
     p = _plan(hs, cmf, g)
     # a fresh copy of the final norm with the same content: the same plan
@@ -100,8 +90,8 @@ def test_plan_reused_until_the_signature_moves(tiny):
                                 g.hidden, g.gemma, g.invf)
 
 
-def test_constants_rechecked_by_content_at_a_sequence_start(tiny):
-    cmf, g = tiny
+def test_constants_rechecked_by_content_at_a_sequence_start(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, _, _ = _fakecard.fake_state()
     a = g.layers[0].attn
     taps = a.conv1d.copy()
@@ -115,8 +105,8 @@ def test_constants_rechecked_by_content_at_a_sequence_start(tiny):
     assert p2.layers[0].mix.taps.read(np.float32, 1)[0] == taps[0]
 
 
-def test_plans_by_stack_and_head(tiny):
-    cmf, g = tiny
+def test_plans_by_stack_and_head(hyb_tiny):
+    cmf, g = hyb_tiny
     hs, _, _ = _fakecard.fake_state()
     p = _plan(hs, cmf, g)
     trunk = _plan(hs, cmf, g, head=False)
@@ -151,8 +141,8 @@ def test_f32_weights_are_declined(tmp_path):
     cmf.close()
 
 
-def test_wants(tiny):
-    _, g = tiny
+def test_wants(hyb_tiny):
+    _, g = hyb_tiny
     assert wants(g.layers, g.nh, g.nkv, g.hd)
     full = [l for l in g.layers if isinstance(l.attn, GraphAttn.Full)]
     plain = [replace(l, attn=replace(l.attn, q_norm=None, k_norm=None, output_gate=False)) for l in full]
@@ -161,8 +151,8 @@ def test_wants(tiny):
     assert wants([], 16, 2, 256) and not wants([], 2, 1, 128)
 
 
-def test_rope_rows_match_the_host_tables(tiny):
-    _, g = tiny
+def test_rope_rows_match_the_host_tables(hyb_tiny):
+    _, g = hyb_tiny
     pos = [0, 1, 17, 4095, 100_000]
     tab = rope_rows(g.invf, pos)
     cos, sin = rope_tables(g.invf, np.array(pos))

@@ -1,0 +1,17 @@
+"""Fixtures shared by the hybrid arm's host-side tests (fake card, tiny model)."""
+
+import pytest
+
+import _tiny
+from cortiq_drv.cmf import CmfFile
+from cortiq_drv.graph import build as graph_build
+
+
+@pytest.fixture(scope="module")
+def hyb_tiny(tmp_path_factory):
+    """The tiny model with the GDN geometry of the kernels (dk = dv = 128): (CmfFile, graph)."""
+    path = _tiny.write_tiny(tmp_path_factory.mktemp("hyb") / "t.cmf", linear_key_head_dim=128,
+                            linear_value_head_dim=128)
+    cmf = CmfFile.open(path)
+    yield cmf, graph_build(cmf)
+    cmf.close()
