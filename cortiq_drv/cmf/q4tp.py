@@ -14,8 +14,10 @@ One payload, three planes:
 
 from __future__ import annotations
 
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
+from itertools import islice
 from typing import Iterator
 
 import numpy as np
@@ -195,8 +197,16 @@ def encode_iter(w, chunk_rows: int | None = None, threads: int = 1) -> Iterator[
         return _encode_rows(np.ascontiguousarray(w[r0:r0 + step], dtype=np.float32))
 
     params, codes = [], []
-    with ThreadPoolExecutor(max(1, threads)) as pool:
-        for nib, p, c in pool.map(one, range(0, rows, step)):
+    # At most `threads` chunks in flight: Executor.map would submit every chunk at once and
+    # buffer the whole nibble plane whenever the consumer (a disk write) is the slower side.
+    width, starts = max(1, threads), iter(range(0, rows, step))
+    with ThreadPoolExecutor(width) as pool:
+        pending = deque(pool.submit(one, r0) for r0 in islice(starts, width))
+        while pending:
+            nib, p, c = pending.popleft().result()
+            r0 = next(starts, None)
+            if r0 is not None:
+                pending.append(pool.submit(one, r0))
             params.append(p)
             codes.append(c)
             yield memoryview(nib).cast("B")

@@ -22,14 +22,29 @@ from cortiq_drv.errors import CmfError
 # Blobs up to this size are moved down to close the reserved gap; larger ones keep it.
 _COMPACT_LIMIT = 64 << 20
 _COPY_CHUNK = 16 << 20
-# Encoders add_array knows: float array -> iterable of payload pieces.
-_ENCODERS = {
-    "f32": lambda a: [np.ascontiguousarray(a, dtype="<f4")],
-    "f16": lambda a: [f16.to_f16(a).astype("<u2")],
-    "bf16": lambda a: [f16.to_bf16(a).astype("<u2")],
-    "q4tp": q4tp.encode_iter,
-    "q8_2f": q8.encode_iter,
+# Element-wise encoders: float32 array -> payload bytes of the same elements.
+_FLAT = {
+    "f32": lambda a: np.ascontiguousarray(a, dtype="<f4"),
+    "f16": lambda a: f16.to_f16(a).astype("<u2"),
+    "bf16": lambda a: f16.to_bf16(a).astype("<u2"),
 }
+_CODECS = {"q4tp": q4tp.encode_iter, "q8_2f": q8.encode_iter}
+
+
+def encode_iter(arr, dtype: str, chunk_rows: int | None = None):
+    """The `dtype` payload of the float array `arr` as an iterable of pieces.
+
+    With `chunk_rows`, `arr` may be anything with a `shape` whose row slices convert to float32
+    (a lazy view of a checkpoint): it is read that many rows at a time, never whole."""
+    if dtype in _CODECS:
+        return _CODECS[dtype](arr, chunk_rows)
+    if dtype not in _FLAT:
+        raise CmfError(f"no encoder for dtype {dtype!r}")
+    enc = _FLAT[dtype]
+    if not chunk_rows or not arr.shape:
+        return [enc(np.asarray(arr, dtype=np.float32))]
+    return (enc(np.asarray(arr[r0:r0 + chunk_rows], dtype=np.float32))
+            for r0 in range(0, arr.shape[0], chunk_rows))
 
 
 def _pieces(data):
@@ -99,10 +114,9 @@ class CmfWriter:
 
     def add_array(self, name: str, arr, dtype: str = "f32") -> None:
         """Encode the float array `arr` to `dtype` (f32, f16, bf16, q4tp, q8_2f) and add it."""
-        if dtype not in _ENCODERS:
+        if dtype not in _FLAT and dtype not in _CODECS:
             raise CmfError(f"tensor {name!r}: no encoder for dtype {dtype!r}")
-        shape = tuple(int(d) for d in arr.shape)
-        self.add(name, dtype, shape, _ENCODERS[dtype](arr))
+        self.add(name, dtype, arr.shape, encode_iter(arr, dtype))
 
     def _check_entry(self, name, dtype, shape):
         if name in self._names:

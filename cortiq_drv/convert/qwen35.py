@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cortiq_drv.cmf import CmfWriter, f16, q4tp, q8
+from cortiq_drv.cmf import CmfWriter
+from cortiq_drv.cmf.writer import encode_iter
 from cortiq_drv.convert import qwen35_arch as qa
 from cortiq_drv.convert.safetensors import SUPPORTED, Checkpoint
 from cortiq_drv.errors import ConvertError
@@ -42,38 +43,25 @@ def storage_dtype(name: str, shape: tuple[int, ...], quant: str) -> str:
     return "f32" if quant == "f32" else "f16"
 
 
-def encode(w: np.ndarray, dtype: str) -> bytes:
-    """The CMF payload of the float32 array `w` in `dtype`."""
-    if dtype == "q4tp":
-        return q4tp.encode(w)
-    if dtype == "q8_2f":
-        return q8.encode(w)
-    if dtype == "f16":
-        return f16.to_f16(w).tobytes()
-    return np.ascontiguousarray(w, "<f4").tobytes()
+class _Rows:
+    """A checkpoint matrix as a lazy 2-D source: a row slice reads just that band from the map."""
+
+    def __init__(self, ckpt: Checkpoint, name: str):
+        self._ckpt, self._name = ckpt, name
+        self.shape = ckpt.info(name).shape
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        r0, r1, _ = rows.indices(self.shape[0])
+        return self._ckpt.array(self._name, (r0, max(r0, r1)))
 
 
-def encode_tensor(ckpt: Checkpoint, name: str, dtype: str) -> bytes:
-    """Encode one checkpoint tensor, matrices in row bands of ~64 MiB of f32 read from the map.
-
-    q8_2f needs column statistics over all rows, so it takes the whole matrix. q4tp rows are
-    independent and each of its three planes is row-major, so band payloads concatenate plane by
-    plane; f16 / f32 bands simply concatenate."""
+def payload(ckpt: Checkpoint, name: str, dtype: str):
+    """One checkpoint tensor's CMF payload as pieces; a matrix is read from the map in row bands
+    of ~64 MiB of f32 (q8_2f reads it twice: column statistics, then rows), never whole."""
     shape = ckpt.info(name).shape
-    if dtype == "q8_2f" or len(shape) != 2:
-        return encode(ckpt.array(name), dtype)
-    rows, cols = shape
-    band = max(1, _BAND_ELEMS // max(cols, 1))
-    parts = [encode(ckpt.array(name, (r0, min(rows, r0 + band))), dtype) for r0 in range(0, rows, band)]
-    if dtype != "q4tp" or len(parts) == 1:
-        return b"".join(parts)
-    planes: tuple[list, list, list] = ([], [], [])
-    for k, part in enumerate(parts):
-        n = min(band, rows - k * band)
-        params_off, codes_off, _ = q4tp.sections(n, cols)
-        for plane, piece in zip(planes, (part[:params_off], part[params_off:codes_off], part[codes_off:])):
-            plane.append(piece)
-    return b"".join(b"".join(p) for p in planes)
+    if len(shape) != 2:
+        return encode_iter(ckpt.array(name), dtype)
+    return encode_iter(_Rows(ckpt, name), dtype, max(1, _BAND_ELEMS // max(shape[1], 1)))
 
 
 class _Bar:
@@ -237,7 +225,7 @@ def convert(src_dir, out_path, quant: str = "q4tp", progress=False) -> Path:
             for i, (s, d) in enumerate(todo, 1):
                 shape = ckpt.info(s).shape
                 dtype = storage_dtype(d, shape, quant)
-                w.add(d, dtype, shape, encode_tensor(ckpt, s, dtype))
+                w.add(d, dtype, shape, payload(ckpt, s, dtype))
                 if progress:
                     progress(i, len(todo), d, ckpt.info(s).nbytes)
             if vocab is not None:

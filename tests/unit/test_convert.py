@@ -102,9 +102,9 @@ def test_q4tp_bands_equal_whole_matrix_encode(hf_dir, source, monkeypatch):
     monkeypatch.setattr(qwen35, "_BAND_ELEMS", 5 * 64)
     name = "model.embed_tokens.weight"
     with Checkpoint.open(hf_dir) as ck:
-        got = qwen35.encode_tensor(ck, make_model.hf_name(name), "q4tp")
+        got = b"".join(qwen35.payload(ck, make_model.hf_name(name), "q4tp"))
         assert got == q4tp.encode(source[name])
-        assert qwen35.encode_tensor(ck, make_model.hf_name(name), "f16") == \
+        assert b"".join(qwen35.payload(ck, make_model.hf_name(name), "f16")) == \
             f16.to_f16(source[name]).tobytes()
 
 
