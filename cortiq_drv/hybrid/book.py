@@ -72,10 +72,9 @@ def _scratch(hs, plan, recs: list, n: int, kcap: int) -> tuple:
     return tuple(hs.scr(name, nbytes) for name, nbytes in sizes.items())
 
 
-def _book_held(hs, plan, held, pos0: int, n: int, tape: bool, kcap: int) -> Book:
-    """`book` over the states `admit` just resolved (`admit._hold`): no per-layer lookups, the
-    layers' buffers and pointers as resolved there."""
-    _, gdn, kv, views, lsig = held
+def _advance(hs, plan, gdn, kv, views, lsig, pos0: int, n: int, tape: bool, kcap: int) -> Book:
+    """Move the resolved states' cursors past the call (`gdn`, `kv`: [(key, state)] as
+    `admit._hold` keeps them) and lay out its records; `lsig`: the layers' pointers, or None."""
     end, tp = pos0 + n, ((pos0, n) if tape else None)
     for _, gs in gdn:
         gs.next_pos = end
@@ -92,26 +91,24 @@ def _book_held(hs, plan, held, pos0: int, n: int, tape: bool, kcap: int) -> Book
 
 
 def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, kcap: int) -> Book:
-    """Lay out a call of `n` rows at `pos0` and move the cursors past it (after `admit`)."""
+    """Lay out a call of `n` rows at `pos0` and move the cursors past it (after `admit`). The
+    states `admit` just resolved come as it held them; otherwise each layer's is looked up."""
     adm, hs.admitted = hs.admitted, None
     if adm is not None and adm[:3] == ((plan.id, kv_id, layer_base), pos0, n):
-        return _book_held(hs, plan, adm[3], pos0, n, tape, kcap)
-    layers, ci = [], []
+        return _advance(hs, plan, *adm[3][1:], pos0, n, tape, kcap)
+    gdn, kv, views = [], [], []
     for li, pl in enumerate(plan.layers):
         key = (kv_id, layer_base + li)
         if isinstance(pl.mix, GdnL):
             gs = hs.gdn.get(key)
             if gs is None:
                 raise CortiqError(f"book: GDN state of layer {key[1]} missing")
-            layers.append(gs.views())
-            gs.next_pos = pos0 + n
-            gs.tape = (pos0, n) if tape else None
+            gdn.append((key, gs))
+            views.append(gs.views())
             continue
         m = hs.kv.get(key)
         if m is None or m.stored + n > m.cap:
             raise CortiqError(f"book: K/V mirror of layer {key[1]} missing or without room")
-        layers.append((m.k, m.v))
-        ci.extend(record(m.stored, n))
-        m.stored += n
-    recs = [ci[i:i + 8] for i in range(0, len(ci), 8)]
-    return Book(layers, np.asarray(ci, dtype=np.int32), _scratch(hs, plan, recs, n, kcap))
+        kv.append((key, m))
+        views.append((m.k, m.v))
+    return _advance(hs, plan, gdn, kv, views, None, pos0, n, tape, kcap)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from operator import is_
 
 import numpy as np
 
@@ -414,15 +415,11 @@ def _quick(layers, lm, final_norm, dims, invf) -> tuple:
     return (tuple(layers), None if lm is None else lm[0], None if lm is None else lm[1], invf, dims, fn)
 
 
-def _quick_holds(q, layers, lm, final_norm, dims, invf) -> bool:
-    """The cheap compare: every object `hsig` reads is the one of the last full compare."""
-    if q is None or q[3] is not invf or q[4] != dims or len(q[0]) != len(layers):
-        return False
-    if (None if lm is None else lm[0]) is not q[1] or (None if lm is None else lm[1]) != q[2]:
-        return False
-    if not all(a is b for a, b in zip(q[0], layers)):
-        return False
-    return q[5] == (b"" if final_norm is None else np.ascontiguousarray(final_norm, dtype=np.float32).tobytes())
+def _quick_holds(q, k) -> bool:
+    """The cheap compare of a held `_quick` tuple q with this call's k: the same objects, the
+    same head rows, dimensions and final norm bytes."""
+    return (q is not None and len(q[0]) == len(k[0]) and all(map(is_, q[0], k[0])) and q[1] is k[1]
+            and q[2] == k[2] and q[3] is k[3] and q[4] == k[4] and q[5] == k[5])
 
 
 def plan_for(hs, cmf, layers, layer_base, lm, final_norm, nh, nkv, hd, rd, hidden, gemma, eps, scale,
@@ -433,15 +430,16 @@ def plan_for(hs, cmf, layers, layer_base, lm, final_norm, nh, nkv, hd, rd, hidde
     uid = hs.uid(cmf)
     key = (uid, layer_base, len(layers), lm is not None)
     dims = (uid, nh, nkv, hd, rd, hidden, int(gemma), float(eps), float(scale))
+    quick = _quick(layers, lm, final_norm, dims, invf)
     p = hs.plans.get(key)
-    if p is not None and _quick_holds(p.quick, layers, lm, final_norm, dims, invf):
+    if p is not None and _quick_holds(p.quick, quick):
         # at a sequence start every constant is checked by content too
         if first_pos != 0 or all(fp_f32(d) == fp for d, fp in p.consts):
             return p
     sig = hsig(uid, layers, lm, final_norm, nh, nkv, hd, rd, hidden, gemma, invf)
     if p is not None and p.sig == sig and p.eps == float(eps) and p.scale == float(scale):
         if first_pos != 0 or all(fp_f32(d) == fp for d, fp in p.consts):
-            p.quick = _quick(layers, lm, final_norm, dims, invf)
+            p.quick = quick
             return p
     hs.ctx.sync()
     try:
@@ -454,7 +452,7 @@ def plan_for(hs, cmf, layers, layer_base, lm, final_norm, nh, nkv, hd, rd, hidde
     # the plan held goes only once its successor is built
     if p is not None:
         drop_plan(hs, key)
-    new.quick = _quick(layers, lm, final_norm, dims, invf)
+    new.quick = quick
     hs.plans[key] = new
     return new
 
