@@ -63,10 +63,6 @@ class Knobs:
     hyb_wd_bytes: int
     # Query rows one attention GEMM pass takes at most (`CMF_HYB_ATT_ROWS`, >= 16, default 128).
     hyb_att_rows: int
-    # Prompt chunks read past a seal on the card (`CMF_O1_CHUNKS=0`: none).
-    o1_chunks: bool
-    # Drafts over a far field (`CMF_O1_SPEC=0` turns them off).
-    o1_spec: bool
     # Seal attention layers once a prompt reaches this many rows (`CMF_O1_SEAL_AT`; None: never).
     o1_seal_at: int | None
     # The attention layers a seal takes (`CMF_O1_LAYERS=3,7`; None: every attention layer).
@@ -77,10 +73,6 @@ class Knobs:
     o1_sink: int
     # Rectified far weights u = max(u, 0) (`CMF_O1_RECT=1`).
     o1_rect: bool
-    # H3: flash attention (`CMF_H3_FLASH=0` keeps the two-GEMM path).
-    h3_flash: bool
-    # H3: plane cache of the batched product, MiB (`CMF_CUDA_MM_CACHE_MB`).
-    mm_cache_mb: int | None
     # Kernel compile cache directory (`CORTIQ_DRV_KERNEL_CACHE`).
     kernel_cache: Path
     # User cache: the embedded default model, derived tokenizer (`CORTIQ_DRV_CACHE`).
@@ -106,26 +98,22 @@ def _read(env) -> Knobs:
     vram = _int(env, "CMF_GPU_VRAM_MB", None)
     kc = env.get("CORTIQ_DRV_KERNEL_CACHE")
     return Knobs(
-        cuda_graph=env.get("CMF_CUDA_GRAPH") != "0",
+        cuda_graph=_flag(env, "CMF_CUDA_GRAPH", True),
         cuda_prof=_flag(env, "CMF_CUDA_PROF", False),
         cuda_debug=_flag(env, "CMF_CUDA_DEBUG", False),
         cuda_mem=_flag(env, "CMF_CUDA_MEM", False),
         vram_bytes=None if vram is None else vram << 20,
-        hyb_arena=env.get("CMF_HYB_ARENA") != "0",
+        hyb_arena=_flag(env, "CMF_HYB_ARENA", True),
         hyb_kcap=_flag(env, "CMF_HYB_KCAP", False),
         hyb_kt=_int(env, "CMF_HYB_KT", None),
         hyb_wd_bytes=(_int(env, "CMF_HYB_WD_MB", 64) or 64) << 20,
         hyb_att_rows=att if att is not None and att >= 16 else 128,
-        o1_chunks=env.get("CMF_O1_CHUNKS") != "0",
-        o1_spec=env.get("CMF_O1_SPEC") != "0",
         o1_seal_at=_int(env, "CMF_O1_SEAL_AT", None),
         o1_layers=_ints(env, "CMF_O1_LAYERS"),
         o1_m=_int(env, "CMF_O1_M", 32) or 32,
         o1_w=_int(env, "CMF_O1_W", 128) or 128,
         o1_sink=max(_int(env, "CMF_O1_SINK", 4) or 0, 0),
         o1_rect=_flag(env, "CMF_O1_RECT", False),
-        h3_flash=env.get("CMF_H3_FLASH") != "0",
-        mm_cache_mb=_int(env, "CMF_CUDA_MM_CACHE_MB", None),
         kernel_cache=Path(kc) if kc else cache / "kernels",
         cache_dir=cache,
         host_weight_bytes=max(_int(env, "CORTIQ_DRV_HOST_WEIGHT_MB", 4096) or 0, 1) << 20,
