@@ -29,7 +29,7 @@ from cortiq_drv.errors import CortiqError, CudaError, Declined, NoDevice
 from cortiq_drv.graph import KIND_F32, KIND_Q4TP, GraphAttn, SpecTail
 from cortiq_drv.host import Sequence
 from cortiq_drv.host.attention import KvRows
-from cortiq_drv.host.ops import rms_norm
+from cortiq_drv.host.mtp import block_input
 
 WHAT = "cuda engine"
 # Rows one prompt-path call takes (the engine's chunking on the card).
@@ -274,12 +274,10 @@ class CardSeq:
         m = g.mtp
         h = np.asarray(hidden, dtype=np.float32).reshape(1, g.hidden)
         t, out = int(tip), []
+        # the head's rows are the sampleable ids: the card's pick is the host's argmax
+        pick = valid == self.rows
         for j in range(k):
-            e = rms_norm(hm.embed([t]), m.enorm, g.eps, g.gemma)
-            hn = rms_norm(h, m.hnorm, g.eps, g.gemma)
-            x = np.ascontiguousarray(hm.mm(m.eh, np.concatenate([e, hn], axis=1))[0], dtype=np.float32)
-            # the head's rows are the sampleable ids: the card's pick is the host's argmax
-            pick = valid == self.rows
+            x = np.ascontiguousarray(block_input(hm, h, t)[0], dtype=np.float32)  # [hidden]
             got = self._token(x, self.pos + j, [m.layer], len(g.layers), m.final_norm,
                               f"an MTP draft at row {self.pos + j}", pick)
             t = got if pick else int(np.argmax(got[:valid]))

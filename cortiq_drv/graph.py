@@ -195,10 +195,6 @@ class HybridGraph:
         """The layers with a host sequence's K/V rows and GDN states filled in."""
         return [_bind(l, seq.kv.get(i), seq.gdn.get(i)) for i, l in enumerate(self.layers)]
 
-    def bind_mtp(self, seq) -> GraphLayer:
-        """The MTP block's layer with the sequence's MTP K/V rows filled in."""
-        return _bind(self.mtp.layer, seq.mtp_kv, None)
-
 
 def _bind(layer: GraphLayer, kv, gdn) -> GraphLayer:
     # a sealed layer's far field carries no exact rows (the arm takes its device views instead)

@@ -212,10 +212,6 @@ class NystromState:
         den = np.maximum(far_den + p.sum(axis=1), np.float32(1e-30))
         return ((far_num + p @ near_v) / den[:, None]).astype(np.float32)
 
-    def far_q_tilde(self, h: int) -> np.ndarray:
-        """Head h's query landmarks [m, d] (what the card's far sums take)."""
-        return self.q_tilde[h]
-
     def snapshot(self) -> NystromSnap:
         """Copies of everything `advance` moves (before a verify window)."""
         arrays = (self.sink_k, self.sink_v, self.ring_k, self.ring_v, self.m_max, self.z, self.t)

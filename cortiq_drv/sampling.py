@@ -68,14 +68,16 @@ class Sampler:
 
     def penalised(self, logits: np.ndarray, history) -> np.ndarray:
         """Logits [vocab] as float64 with padding at -inf and the penalties on ids in `history`."""
-        x = np.asarray(logits, np.float64)[:self.valid].copy()  # [valid]
+        x = np.array(logits[:self.valid], np.float64)  # [valid], one copy
         s = self.sampling
+        if s.repetition_penalty == 1 and not s.presence_penalty:
+            return x
         seen = np.unique(np.fromiter(history, np.int64))
         seen = seen[(seen >= 0) & (seen < self.valid)]
-        if seen.size and s.repetition_penalty != 1:
+        if s.repetition_penalty != 1:
             v = x[seen]
             x[seen] = np.where(v > 0, v / s.repetition_penalty, v * s.repetition_penalty)
-        if seen.size and s.presence_penalty:
+        if s.presence_penalty:
             x[seen] -= s.presence_penalty
         return x
 
@@ -99,6 +101,9 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history=()) -> int:
         """One token for a row of logits [vocab]; `history` the ids seen so far (prompt and output)."""
+        if not self.sampling.needs_logits:
+            # float32 -> float64 is exact and monotone: the argmax of the row itself, no copy
+            return int(np.argmax(logits[:self.valid]))
         if self.sampling.greedy:
             return int(np.argmax(self.penalised(logits, history)))
         p = self.probs(logits, history)

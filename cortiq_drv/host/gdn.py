@@ -89,24 +89,58 @@ class GdnState:
         self.buf[:] = buf
 
 
+def decay_beta(a: np.ndarray, b: np.ndarray, a_log: np.ndarray,
+               dt_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """decay = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b); a, b [T, nv]."""
+    return np.exp(-np.exp(a_log) * softplus(a + dt_bias)), sigmoid(b)
+
+
 def gdn_gates(a: np.ndarray, b: np.ndarray, c: GdnConsts) -> tuple[np.ndarray, np.ndarray]:
-    """beta = sigmoid(b); decay = exp(-exp(A_log) * softplus(a + dt_bias)); both [T, nv]."""
-    beta = sigmoid(b)
-    g = -np.exp(c.a_log) * softplus(a + c.dt_bias)
-    return beta, np.exp(g)
+    """(beta, decay) [T, nv] of the layer's constants (`decay_beta`)."""
+    decay, beta = decay_beta(a, b, c.a_log, c.dt_bias)
+    return beta, decay
 
 
-def _conv(state: GdnState, raw: np.ndarray, taps: np.ndarray) -> np.ndarray:
-    """Causal depthwise conv + SiLU over raw [T, cdim] after the ring; the ring moves on."""
+def conv_silu(ring: np.ndarray, raw: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Causal depthwise conv + SiLU of raw [T, cdim] after ring [kk-1, cdim], taps [cdim, kk]:
+    (silu(conv) [T, cdim], the rows ring ; raw [kk-1+T, cdim] whose last kk-1 are the next ring)."""
     kk = taps.shape[1]
     t = raw.shape[0]
-    ext = np.concatenate([state.ring, raw], axis=0)  # [kk-1+T, cdim]
+    ext = np.concatenate([ring, raw], axis=0)  # [kk-1+T, cdim]
     acc = taps[:, 0] * ext[0:t]
     for j in range(1, kk):
         acc = acc + taps[:, j] * ext[j:j + t]
-    if kk > 1:
-        state.ring[:] = ext[t:]
-    return silu(acc)  # [T, cdim]
+    return silu(acc), ext
+
+
+def qk_norm(cq: np.ndarray, nk: int, dk: int) -> np.ndarray:
+    """The conv rows cq [T, cdim] with the q and k heads L2-normed, q then times 1/sqrt(dk) (a copy)."""
+    t = cq.shape[0]
+    out = cq.copy()
+    qk = l2_norm(cq[:, :2 * nk * dk].reshape(t, 2 * nk, dk))
+    qk[:, :nk] *= F32(1.0 / np.sqrt(dk))
+    out[:, :2 * nk * dk] = qk.reshape(t, -1)
+    return out  # [T, cdim]
+
+
+def delta_rule(cq: np.ndarray, beta: np.ndarray, decay: np.ndarray, s: np.ndarray,
+               nk: int) -> np.ndarray:
+    """The delta rule over qk-normed rows cq [T, cdim] one row at a time from s [nv, dk, dv]
+    (moved on in place); returns o [T, nv, dv]. Value head h reads key head h // (nv / nk)."""
+    nv, dk, dv = s.shape
+    t = cq.shape[0]
+    nkd = nk * dk
+    q = np.repeat(cq[:, :nkd].reshape(t, nk, dk), nv // nk, axis=1)  # [T, nv, dk]
+    k = np.repeat(cq[:, nkd:2 * nkd].reshape(t, nk, dk), nv // nk, axis=1)
+    v = cq[:, 2 * nkd:].reshape(t, nv, dv)
+    o = np.empty((t, nv, dv), dtype=F32)
+    for i in range(t):
+        s *= decay[i][:, None, None]
+        kv = np.matmul(k[i][:, None, :], s)[:, 0, :]  # [nv, dv]
+        delta = (v[i] - kv) * beta[i][:, None]
+        s += k[i][:, :, None] * delta[:, None, :]
+        o[i] = np.matmul(q[i][:, None, :], s)[:, 0, :]
+    return o
 
 
 def gdn_scan(state: GdnState, raw: np.ndarray, beta: np.ndarray, decay: np.ndarray,
@@ -115,25 +149,10 @@ def gdn_scan(state: GdnState, raw: np.ndarray, beta: np.ndarray, decay: np.ndarr
 
     Ports the arithmetic of the reference's GDN core (`hy_gdn_*`) one row at a time."""
     d = state.dims
-    t = raw.shape[0]
-    conv = _conv(state, raw, taps)
-    nkd = d.nk * d.dk
-    q = l2_norm(conv[:, :nkd].reshape(t, d.nk, d.dk)) * F32(1.0 / np.sqrt(d.dk))
-    k = l2_norm(conv[:, nkd:2 * nkd].reshape(t, d.nk, d.dk))
-    v = conv[:, 2 * nkd:].reshape(t, d.nv, d.dv)
-    # value head h reads key head h // (nv / nk)
-    rep = d.nv // d.nk
-    q = np.repeat(q, rep, axis=1)  # [T, nv, dk]
-    k = np.repeat(k, rep, axis=1)
-    s = state.s
-    o = np.empty((t, d.nv, d.dv), dtype=F32)
-    for i in range(t):
-        s *= decay[i][:, None, None]
-        kv = np.matmul(k[i][:, None, :], s)[:, 0, :]  # [nv, dv]
-        delta = (v[i] - kv) * beta[i][:, None]
-        s += k[i][:, :, None] * delta[:, None, :]
-        o[i] = np.matmul(q[i][:, None, :], s)[:, 0, :]
-    return o
+    conv, ext = conv_silu(state.ring, raw, taps)
+    if d.kk > 1:
+        state.ring[:] = ext[raw.shape[0]:]
+    return delta_rule(qk_norm(conv, d.nk, d.dk), beta, decay, state.s, d.nk)
 
 
 def gdn_output(o: np.ndarray, z: np.ndarray, norm: np.ndarray, eps: float) -> np.ndarray:

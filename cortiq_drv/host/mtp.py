@@ -10,6 +10,16 @@ from ..errors import CortiqError
 from .ops import rms_norm
 
 
+def block_input(model, h: np.ndarray, t: int) -> np.ndarray:
+    """The MTP block's input row [1, hidden] for token t after residual row h [1, hidden]:
+    eh_proj[RMSNorm(embed(t), 1 + enorm) ; RMSNorm(h, 1 + hnorm)]."""
+    g = model.graph
+    m = g.mtp
+    e = rms_norm(model.embed([t]), m.enorm, g.eps, g.gemma)
+    hn = rms_norm(h, m.hnorm, g.eps, g.gemma)
+    return model.mm(m.eh, np.concatenate([e, hn], axis=1))
+
+
 def draft(model, seq, hidden: np.ndarray, token: int, position: int, k: int,
           rows: int | None = None) -> list[int]:
     """k greedy draft ids after `token`, which sits at `position`; `hidden` [hidden] is the trunk's
@@ -36,9 +46,7 @@ def draft(model, seq, hidden: np.ndarray, token: int, position: int, k: int,
     t = int(token)
     out = []
     for j in range(k):
-        e = rms_norm(model.embed([t]), m.enorm, g.eps, g.gemma)
-        hn = rms_norm(h, m.hnorm, g.eps, g.gemma)
-        x = model.mm(m.eh, np.concatenate([e, hn], axis=1))  # [1, hidden]
+        x = block_input(model, h, t)  # [1, hidden]
         cos, sin = model.rope(position + j, 1)
         h, _ = model.layer(x, m.layer, kv, position + j, cos, sin)
         logits = model.head(h, m.final_norm)[0]

@@ -79,10 +79,6 @@ class Sequence:
         self._snap = (self.pos, {i: st.buf.copy() for i, st in self.gdn.items()})
         return self.pos
 
-    def snapshot_pos(self) -> int | None:
-        """The position of the snapshot held, or None."""
-        return None if self._snap is None else self._snap[0]
-
     def restore(self, pos: int) -> bool:
         """Back to the snapshot at `pos` (`gdn_snapshot_restore`): GDN states from it, K/V rows cut
         to pos. False, nothing changed, unless the snapshot is at `pos` and pos <= the position."""

@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..cmf import q4tp
-from ..host.ops import F32, l2_norm, rms_norm, sigmoid, silu, softplus
+from ..host.gdn import conv_silu, decay_beta, qk_norm
+from ..host.ops import F32, rms_norm, sigmoid, silu
+from .kernels_ref import gdn_out
 
 # rows a step of hy_gdn_chunk
 CHUNK = 64
@@ -51,30 +53,18 @@ def rmsnorm_h(x: np.ndarray, w: np.ndarray, eps: float, gemma: bool) -> np.ndarr
 
 def gdn_conv(raw: np.ndarray, ring: np.ndarray, taps: np.ndarray) -> np.ndarray:
     """`hy_gdn_conv32`: raw [n, cdim] after ring [kk-1, cdim], taps [cdim, kk] -> silu(conv) [n, cdim]."""
-    n, kk = raw.shape[0], taps.shape[1]
-    ext = np.concatenate([ring, raw])  # [kk-1+n, cdim]
-    acc = np.zeros(raw.shape, dtype=F32)
-    for j in range(kk):
-        acc = acc + taps[:, j] * ext[j:j + n]
-    return silu(acc)
+    return conv_silu(ring, raw, taps)[0]
 
 
 def gdn_prep(cq: np.ndarray, nk: int, dk: int) -> np.ndarray:
     """`hy_gdn_prep32`: q and k heads of cq [n, cdim] L2-normed, q then times 1/sqrt(dk) (a copy)."""
-    n = cq.shape[0]
-    out = cq.copy()
-    qk = l2_norm(cq[:, :2 * nk * dk].reshape(n, 2 * nk, dk))
-    qk[:, :nk] *= F32(1.0 / np.sqrt(dk))
-    out[:, :2 * nk * dk] = qk.reshape(n, -1)
-    return out
+    return qk_norm(cq, nk, dk)
 
 
 def gdn_gates(ab: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray) -> np.ndarray:
     """`hy_gdn_gb32`: ab [n, 2nv] (a | b) -> gb [n, 2nv] (decay | beta)."""
     nv = a_log.shape[0]
-    a, b = ab[:, :nv], ab[:, nv:]
-    decay = np.exp(-np.exp(a_log) * softplus(a + dt_bias))
-    return np.concatenate([decay, sigmoid(b)], axis=1).astype(F32)
+    return np.concatenate(decay_beta(ab[:, :nv], ab[:, nv:], a_log, dt_bias), axis=1).astype(F32)
 
 
 def _chunks(n: int, chunk: int):
@@ -142,9 +132,7 @@ def gdn_delta(cq: np.ndarray, gb: np.ndarray, s: np.ndarray, nk: int) -> tuple[n
 
 def gdn_out_h(o: np.ndarray, z: np.ndarray, norm: np.ndarray, nv: int, eps: float) -> np.ndarray:
     """`hy_gdn_out_h`: per head RMSNorm(o, norm) * silu(z); o, z [n, nv*dv] -> float16 [n, nv*dv]."""
-    n = o.shape[0]
-    y = rms_norm(o.reshape(n, nv, -1), norm, eps, False) * silu(z.reshape(n, nv, -1))
-    return y.reshape(n, -1).astype(np.float16)
+    return gdn_out(o, z, norm, nv, eps).astype(np.float16)
 
 
 def q_half_g(qg: np.ndarray, nkv: int) -> np.ndarray:

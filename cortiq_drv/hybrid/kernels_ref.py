@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..host.ops import F32, apply_rope, l2_norm, rms_norm, sigmoid, silu, softplus
+from ..host.gdn import conv_silu, decay_beta, delta_rule, qk_norm
+from ..host.ops import F32, apply_rope, rms_norm, sigmoid, silu
 
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -36,40 +37,19 @@ def gdn_front(qkv: np.ndarray, ring: np.ndarray, taps: np.ndarray, xn: np.ndarra
     """`hy_gdn_front`: qkv [n, cdim] raw rows after ring [kk-1, cdim] -> (cq [n, cdim], gb [n, 2nv]).
 
     cq: conv + SiLU, q and k heads L2-normed (q times 1/sqrt(dk)); gb: [decay | beta]."""
-    n, kk = qkv.shape[0], taps.shape[1]
-    ext = np.concatenate([ring, qkv])  # [kk-1+n, cdim]
-    acc = taps[:, 0] * ext[0:n]
-    for j in range(1, kk):
-        acc = acc + taps[:, j] * ext[j:j + n]
-    cq = silu(acc)  # [n, cdim]
-    qk = l2_norm(cq[:, :2 * nk * dk].reshape(n, 2 * nk, dk))
-    qk[:, :nk] *= F32(1.0 / np.sqrt(dk))
-    cq[:, :2 * nk * dk] = qk.reshape(n, -1)
-    a, b = xn @ aw.T, xn @ bw.T  # [n, nv]
-    decay = np.exp(-np.exp(a_log) * softplus(a + dt_bias))
-    return cq, np.concatenate([decay, sigmoid(b)], axis=1).astype(F32)
+    cq = qk_norm(conv_silu(ring, qkv, taps)[0], nk, dk)  # [n, cdim]
+    decay, beta = decay_beta(xn @ aw.T, xn @ bw.T, a_log, dt_bias)  # [n, nv]
+    return cq, np.concatenate([decay, beta], axis=1).astype(F32)
 
 
 def gdn_scan(cq: np.ndarray, gb: np.ndarray, s: np.ndarray, nk: int) -> tuple[np.ndarray, np.ndarray]:
     """`hy_gdn_scan` / `hy_gdn_scan4`: the delta rule over cq's rows from state s [nv, dk, dv].
 
     Returns (o [n, nv*dv], the state after the rows); s is not modified."""
-    nv, dk, dv = s.shape
+    nv = s.shape[0]
     s = s.copy()
-    n = cq.shape[0]
-    rep = nv // nk
-    o = np.empty((n, nv, dv), dtype=F32)
-    for r in range(n):
-        q = np.repeat(cq[r, :nk * dk].reshape(nk, dk), rep, axis=0)  # [nv, dk]
-        k = np.repeat(cq[r, nk * dk:2 * nk * dk].reshape(nk, dk), rep, axis=0)
-        v = cq[r, 2 * nk * dk:].reshape(nv, dv)
-        decay, beta = gb[r, :nv], gb[r, nv:]
-        s *= decay[:, None, None]
-        kv = np.einsum("hi,hij->hj", k, s)  # [nv, dv]
-        delta = (v - kv) * beta[:, None]
-        s += k[:, :, None] * delta[:, None, :]
-        o[r] = np.einsum("hi,hij->hj", q, s)
-    return o.reshape(n, nv * dv), s
+    o = delta_rule(cq, gb[:, nv:], gb[:, :nv], s, nk)  # [n, nv, dv]
+    return o.reshape(cq.shape[0], -1), s
 
 
 def ring_move(ring: np.ndarray, raw: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import _tiny
+from _ref64 import rel_rms
 from _tiny_vocab import write_tiny_vocab
 from cortiq_drv.engine import Engine, FarSettings
 from cortiq_drv.errors import CortiqError
@@ -17,13 +18,6 @@ from cortiq_drv.sampling import Sampling
 
 PROMPT = [5, 17, 300, 2, 99, 411, 23, 8, 150, 77, 3, 42, 250, 9, 64, 128, 33, 7, 200, 61]
 EXACT = FarSettings()
-
-
-def rel_rms(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    err = np.sqrt(np.mean((a - b) ** 2) / max(np.mean(b ** 2), 1e-300))
-    assert np.isfinite(err)
-    return err
 
 
 @pytest.fixture(scope="module")
