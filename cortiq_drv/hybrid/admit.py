@@ -115,7 +115,7 @@ def _still_held(hs, held, layers, pos0: int, n: int) -> bool:
     descs, gdn, kv = held[:3]
     if len(descs) != len(layers) or not all(map(is_, descs, layers)):
         return False
-    if not all(hs.gdn.get(k) is gs for k, gs in gdn) or [gs.next_pos for _, gs in gdn].count(pos0) != len(gdn):
+    if not all(hs.gdn.get(k) is gs and gs.next_pos == pos0 for k, gs in gdn):
         return False
     return all(hs.kv.get(k) is m and m.stored == pos0 and pos0 + n <= m.cap for k, m in kv)
 
@@ -160,7 +160,7 @@ def admit(hs, plan, layers, kv_id: int, layer_base: int, pos0: int, n: int, hint
                 return False, f"layer {li}: descriptors changed under the plan"
     except CortiqError as e:
         return False, str(e)
-    if len(layers) == len(plan.layers):
-        hs.held[hkey] = held = _hold(hs, plan, layers, kv_id, layer_base)
-        hs.admitted = (hkey, pos0, n, held)
+    # plan_for keys a plan by its layer count, so `layers` is exactly the plan's stack here
+    hs.held[hkey] = held = _hold(hs, plan, layers, kv_id, layer_base)
+    hs.admitted = (hkey, pos0, n, held)
     return None
