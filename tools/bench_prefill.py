@@ -52,6 +52,8 @@ class MemCmf:
         return f"model.layers.{self._first[self._types[int(m.group(1))]]}.{m.group(2)}"
 
     def tensor(self, name: str) -> np.ndarray:
+        """The payload in the tensor's own dtype (q4tp: random codes; others: small normals)."""
+        from cortiq_drv.cmf.writer import encode_iter
         from cortiq_drv.default_model import random_q4tp
 
         rep = self._rep(name)
@@ -61,18 +63,16 @@ class MemCmf:
             if t.dtype == "q4tp":
                 raw = random_q4tp(rng, t.shape[0], t.shape[1], 1.0 / np.sqrt(t.shape[1]))
             else:
-                raw = (rng.standard_normal(int(np.prod(t.shape))) * 0.02).astype("<f4").tobytes()
+                w = (rng.standard_normal(t.shape) * 0.02).astype(np.float32)
+                raw = b"".join(bytes(p) for p in encode_iter(w, t.dtype))
             self._cache[rep] = np.frombuffer(raw, dtype=np.uint8)
         return self._cache[rep]
 
     def array(self, name: str) -> np.ndarray:
-        t = self.tensors[name]
-        raw = self.tensor(name)
-        if t.dtype == "q4tp":
-            from cortiq_drv.cmf import q4tp
+        from cortiq_drv.cmf.reader import decode_payload
 
-            return q4tp.decode(raw, *t.shape)
-        return raw.view("<f4").reshape(t.shape)
+        t = self.tensors[name]
+        return decode_payload(self.tensor(name), t.dtype, t.shape, f"bench tensor {name!r}")
 
 
 def _weights(g) -> list[tuple[int, int]]:

@@ -111,6 +111,22 @@ def _header(path: str, buf, env: dict) -> dict:
     return doc
 
 
+def decode_payload(raw: np.ndarray, dtype: str, shape: tuple[int, ...], where: str = "payload"):
+    """A payload (uint8 bytes) of `dtype` decoded to float32 in `shape` (f32: a view, no copy)."""
+    if dtype == "f32":
+        return raw.view("<f4").reshape(shape)
+    if dtype == "f16":
+        return f16.from_f16(raw.view("<u2")).reshape(shape)
+    if dtype == "bf16":
+        return f16.from_bf16(raw.view("<u2")).reshape(shape)
+    if dtype == "q4tp":
+        return q4tp.decode(raw, *shape)
+    if dtype == "q8_2f":
+        return q8.decode(raw, *shape)
+    raise CmfError(f"{where}: unsupported dtype {dtype} "
+                   "(this project decodes f32, f16, bf16, q8_2f, q4tp)")
+
+
 class CmfFile:
     """An open CMF v2 file. `CmfFile.open(path)`; `close()` or use as a context manager."""
 
@@ -165,19 +181,8 @@ class CmfFile:
 
     def array(self, name: str) -> np.ndarray:
         """The tensor decoded to float32 in its shape (f32: a read-only view of the map)."""
-        t, raw = self.info(name), self.tensor(name)
-        if t.dtype == "f32":
-            return raw.view("<f4").reshape(t.shape)
-        if t.dtype == "f16":
-            return f16.from_f16(raw.view("<u2")).reshape(t.shape)
-        if t.dtype == "bf16":
-            return f16.from_bf16(raw.view("<u2")).reshape(t.shape)
-        if t.dtype == "q4tp":
-            return q4tp.decode(raw, *t.shape)
-        if t.dtype == "q8_2f":
-            return q8.decode(raw, *t.shape)
-        raise CmfError(f"{self.path}: tensor {name!r}: unsupported dtype {t.dtype} "
-                       "(this project decodes f32, f16, bf16, q8_2f, q4tp)")
+        t = self.info(name)
+        return decode_payload(self.tensor(name), t.dtype, t.shape, f"{self.path}: tensor {name!r}")
 
     @property
     def vocab(self) -> bytes | None:
