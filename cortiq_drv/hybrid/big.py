@@ -19,7 +19,7 @@ import numpy as np
 
 from cortiq_drv import knobs
 from cortiq_drv.blas import Gemm
-from cortiq_drv.cu.args import kargs
+from cortiq_drv.cu.args import dev_ptr, kargs
 from cortiq_drv.errors import CortiqError
 from cortiq_drv.hybrid.mma import KIND_Q4TP
 from cortiq_drv.hybrid.launch import rope_rows
@@ -126,13 +126,9 @@ class _Mul:
             ctx.launch(fx.expand_pr, (-(-threads // 256), 1), 256, 0,
                        kargs("QQQQiiii", m.w, m.aux0, m.aux1, wd, m.rows, m.cols, t0, nt))
             self.st.mark(1)
-            ctx.gemm(True, False, nr, self.b, m.cols, alpha, wd, m.cols, x, m.cols, beta, _ptr(y) + r0 * 4, ldy,
+            ctx.gemm(True, False, nr, self.b, m.cols, alpha, wd, m.cols, x, m.cols, beta, dev_ptr(y) + r0 * 4, ldy,
                      Gemm.HALF)
             self.st.mark(2)
-
-
-def _ptr(b) -> int:
-    return int(getattr(b, "ptr", b))
 
 
 def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages) -> None:
@@ -151,7 +147,7 @@ def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages) -> None
     mul(g.z, bxn, yz, vd)
     # the gate projections: f16 copies of the f32 rows, [a | b] per row
     ctx.gemm(True, False, g.nv, b, hidden, 1.0, g.a_h, hidden, bxn, hidden, 0.0, yab, 2 * g.nv, Gemm.HALF)
-    ctx.gemm(True, False, g.nv, b, hidden, 1.0, g.b_h, hidden, bxn, hidden, 0.0, _ptr(yab) + g.nv * 4, 2 * g.nv,
+    ctx.gemm(True, False, g.nv, b, hidden, 1.0, g.b_h, hidden, bxn, hidden, 0.0, dev_ptr(yab) + g.nv * 4, 2 * g.nv,
              Gemm.HALF)
     ctx.launch(fx.conv32, (-(-b * g.cdim // 256), 1), 256, 0,
                kargs("QiQQQiii", yq, g.cdim, gs.ring if g.kk > 1 else 0, g.taps, cq, b, g.cdim, g.kk))
@@ -189,12 +185,12 @@ def attend(ctx, fx, scr, kp, vp, qgh, aog, bis, pos0: int, b: int, col_base: int
         bs = scr("hb_s", max(nkv * l_rows * cols * 4, whole))
         bp = scr("hb_p", max(nkv * l_rows * cols * 2, whole // 2))
         # the mirrors hold f16 rows: both GEMMs on f16 operands (the query copy, the weights)
-        ctx.gemm_strided_batched_f16(True, l_rows, cols, hd, scale, kp, lda, hd, _ptr(qgh) + b0 * grow * 2, hd,
+        ctx.gemm_strided_batched_f16(True, l_rows, cols, hd, scale, kp, lda, hd, dev_ptr(qgh) + b0 * grow * 2, hd,
                                      b * grow, bs, l_rows, l_rows * cols, nkv)
         ctx.launch(fx.softmax_h, (nkv * cols, 1), 256, 0,
-                   kargs("QQQiiiiii", bs, bp, _ptr(bis) + b0 * hpk * 4, l_rows, p0, col_base, hpk, cols, b * hpk))
+                   kargs("QQQiiiiii", bs, bp, dev_ptr(bis) + b0 * hpk * 4, l_rows, p0, col_base, hpk, cols, b * hpk))
         ctx.gemm_strided_batched_f16(False, hd, cols, l_rows, 1.0, vp, lda, hd, bp, l_rows, l_rows * cols,
-                                     _ptr(aog) + b0 * grow * 4, hd, b * grow, nkv)
+                                     dev_ptr(aog) + b0 * grow * 4, hd, b * grow, nkv)
 
 
 def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stages) -> None:

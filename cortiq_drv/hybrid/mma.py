@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cortiq_drv.cu import Buf
-from cortiq_drv.cu.args import kargs
+from cortiq_drv.cu.args import dev_ptr, kargs
 from cortiq_drv.errors import CortiqError
 
 # Rows of the small path (the reference's NMAX).
@@ -106,17 +106,13 @@ class JobSpec:
     rows: int
 
 
-def _ptr(x) -> int:
-    return int(getattr(x, "ptr", x) or 0)
-
-
 def job_table(list_, kind: int, tb: int) -> tuple[np.ndarray, int]:
     """The HyJob records of `list_` for `tb` tiles a block, and the blocks they take."""
     jobs = np.zeros(len(list_), dtype=HYJOB)
     blk = 0
     for i, s in enumerate(list_):
         m = s.mat
-        jobs[i] = (_ptr(m.w), _ptr(m.aux0), _ptr(m.aux1), _ptr(s.y), _ptr(s.res), s.rows, kind,
+        jobs[i] = (dev_ptr(m.w), dev_ptr(m.aux0), dev_ptr(m.aux1), dev_ptr(s.y), dev_ptr(s.res), s.rows, kind,
                    blk, s.ystride)
         ntile = -(-s.rows // 16)
         blk += -(-ntile // tb)
@@ -207,7 +203,7 @@ def mmaset(ctx, list_) -> MmaSet:
 def mmaset_pair(ctx, m, p0, p1, pstride: int) -> MmaSet:
     """One gate/up pair (see `hmat_pair`) whose output silu(gate) * up is written as the bf16
     planes p0 (hi) and p1 (half the rest), `pstride` a row (`mmaset_pair`)."""
-    return MmaSet(ctx, [JobSpec(m, _ptr(p0), _ptr(p1), pstride, m.rows)], KIND_Q4TP | KIND_PAIR)
+    return MmaSet(ctx, [JobSpec(m, dev_ptr(p0), dev_ptr(p1), pstride, m.rows)], KIND_Q4TP | KIND_PAIR)
 
 
 def mmaset_kind(ctx, list_, kind: int) -> MmaSet:
