@@ -123,11 +123,9 @@ def status_name(status: int) -> str:
     return name.decode() if name else _STATUS.get(status, f"cublasStatus {status}")
 
 
-def _check(status: int, call: str, args: str = "", *vals) -> None:
-    """Raise CublasError unless `status` is success; `args % vals` is formatted only then (no
-    string building on every GEMM)."""
+def _check(status: int, call: str, args: str = "") -> None:
     if status != 0:
-        raise CublasError(call, status_name(status), args % vals if vals else args)
+        raise CublasError(call, status_name(status), args)
 
 
 def _ptr(x) -> int:
@@ -146,7 +144,7 @@ class Cublas:
         try:
             _check(self.lib.cublasSetStream_v2(h, int(ctx.stream)), "cublasSetStream_v2")
             _check(self.lib.cublasSetWorkspace_v2(h, self.workspace.ptr, WORKSPACE_BYTES),
-                   "cublasSetWorkspace_v2", "bytes=%s", WORKSPACE_BYTES)
+                   "cublasSetWorkspace_v2", f"bytes={WORKSPACE_BYTES}")
         except CublasError:
             self.close()
             raise
@@ -162,8 +160,8 @@ class Cublas:
         _check(self.lib.cublasGemmEx(self.handle, int(ta), int(tb), m, n, k, ctypes.byref(al),
                                      _ptr(a), ab, lda, _ptr(b), ab, ldb, ctypes.byref(be),
                                      _ptr(c), ct, ldc, comp, _GEMM_DEFAULT),
-               "cublasGemmEx", "%s ta=%s tb=%s m=%s n=%s k=%s lda=%s ldb=%s ldc=%s",
-               mode.name, ta, tb, m, n, k, lda, ldb, ldc)
+               "cublasGemmEx", f"{mode.name} ta={ta} tb={tb} m={m} n={n} k={k} "
+               f"lda={lda} ldb={ldb} ldc={ldc}")
 
     def gemm_strided_batched_f16(self, ta: bool, m, n, k, alpha, a, lda, stride_a, b, ldb,
                                  stride_b, c, ldc, stride_c, count, tb: bool = False,
@@ -175,8 +173,7 @@ class Cublas:
             self.handle, int(ta), int(tb), m, n, k, ctypes.byref(al),
             _ptr(a), _R_16F, lda, stride_a, _ptr(b), _R_16F, ldb, stride_b, ctypes.byref(be),
             _ptr(c), _R_32F, ldc, stride_c, count, _COMPUTE_32F, _GEMM_DEFAULT),
-            "cublasGemmStridedBatchedEx", "%s x m=%s n=%s k=%s ta=%s tb=%s",
-            count, m, n, k, ta, tb)
+            "cublasGemmStridedBatchedEx", f"{count} x m={m} n={n} k={k} ta={ta} tb={tb}")
 
     def close(self) -> None:
         """Destroy the handle and free the workspace."""

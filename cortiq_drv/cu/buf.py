@@ -18,8 +18,7 @@ from cortiq_drv.errors import CortiqError
 ALIGN = 256
 
 
-def round_up(n: int, a: int) -> int:
-    """n rounded up to a multiple of a."""
+def _round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
@@ -134,7 +133,7 @@ class Arena:
             raise CortiqError(f"Arena.take({nbytes}): {self.capacity - self.used} of "
                               f"{self.capacity} bytes left")
         v = self.buf.view(self.used, nbytes)
-        self.used = min(round_up(self.used + nbytes, ALIGN), self.capacity)
+        self.used = min(_round_up(self.used + nbytes, ALIGN), self.capacity)
         return v
 
     def close(self) -> None:

@@ -12,6 +12,9 @@ import threading
 from cortiq_drv.cu import driver
 from cortiq_drv.errors import CortiqError, CudaError, NoDevice
 
+# Dynamic shared memory a launch may ask for without opting in (cuFuncSetAttribute).
+_DEFAULT_SMEM = 48 * 1024
+
 
 class Ctx:
     """Device, primary context, stream; `resident` / `kv_bytes` are byte counters the arms keep."""

@@ -33,14 +33,11 @@ def error_name(err) -> str:
     return getattr(err, "name", f"CUresult {int(err)}")
 
 
-def check(out, call: str, args: str = "", *vals):
-    """Unwrap `(CUresult, *outputs)`: None, the one output, or the tuple of outputs.
-
-    With `vals`, the error's argument text is `args % vals`, formatted only on failure: the
-    per-token copies then build no string when they succeed."""
+def check(out, call: str, args: str = ""):
+    """Unwrap `(CUresult, *outputs)`: None, the one output, or the tuple of outputs."""
     err = out[0]
     if err != _SUCCESS:
-        raise CudaError(call, error_name(err), args % vals if vals else args)
+        raise CudaError(call, error_name(err), args)
     if len(out) == 1:
         return None
     return out[1] if len(out) == 2 else out[1:]
@@ -59,7 +56,7 @@ def init() -> None:
 
 
 def device_get(ordinal: int):
-    return check(_d.cuDeviceGet(ordinal), "cuDeviceGet", "ordinal=%s", ordinal)
+    return check(_d.cuDeviceGet(ordinal), "cuDeviceGet", f"ordinal={ordinal}")
 
 
 def device_attr(dev, name: str) -> int:
@@ -81,11 +78,11 @@ def ctx_set_current(ctx) -> None:
 
 
 def mem_alloc(nbytes: int) -> int:
-    return int(check(_d.cuMemAlloc(nbytes), "cuMemAlloc", "bytes=%s", nbytes))
+    return int(check(_d.cuMemAlloc(nbytes), "cuMemAlloc", f"bytes={nbytes}"))
 
 
 def mem_free(ptr: int) -> None:
-    check(_d.cuMemFree(ptr), "cuMemFree", "ptr=%#x", ptr)
+    check(_d.cuMemFree(ptr), "cuMemFree", f"ptr={ptr:#x}")
 
 
 def mem_get_info() -> tuple[int, int]:
@@ -95,31 +92,31 @@ def mem_get_info() -> tuple[int, int]:
 
 def mem_alloc_host(nbytes: int) -> int:
     """Page-locked host memory (inputs a graph re-reads from a fixed address)."""
-    return int(check(_d.cuMemAllocHost(nbytes), "cuMemAllocHost", "bytes=%s", nbytes))
+    return int(check(_d.cuMemAllocHost(nbytes), "cuMemAllocHost", f"bytes={nbytes}"))
 
 
 def mem_free_host(ptr: int) -> None:
-    check(_d.cuMemFreeHost(ptr), "cuMemFreeHost", "ptr=%#x", ptr)
+    check(_d.cuMemFreeHost(ptr), "cuMemFreeHost", f"ptr={ptr:#x}")
 
 
 def memset_d8_async(ptr: int, byte: int, nbytes: int, stream) -> None:
     check(_d.cuMemsetD8Async(ptr, byte, nbytes, stream), "cuMemsetD8Async",
-          "ptr=%#x, byte=%s, bytes=%s", ptr, byte, nbytes)
+          f"ptr={ptr:#x}, byte={byte}, bytes={nbytes}")
 
 
 def memcpy_htod_async(dst: int, src_host: int, nbytes: int, stream) -> None:
     check(_d.cuMemcpyHtoDAsync(dst, src_host, nbytes, stream), "cuMemcpyHtoDAsync",
-          "dst=%#x, bytes=%s", dst, nbytes)
+          f"dst={dst:#x}, bytes={nbytes}")
 
 
 def memcpy_dtoh_async(dst_host: int, src: int, nbytes: int, stream) -> None:
     check(_d.cuMemcpyDtoHAsync(dst_host, src, nbytes, stream), "cuMemcpyDtoHAsync",
-          "src=%#x, bytes=%s", src, nbytes)
+          f"src={src:#x}, bytes={nbytes}")
 
 
 def memcpy_dtod_async(dst: int, src: int, nbytes: int, stream) -> None:
     check(_d.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync",
-          "dst=%#x, src=%#x, bytes=%s", dst, src, nbytes)
+          f"dst={dst:#x}, src={src:#x}, bytes={nbytes}")
 
 
 def stream_create_nonblocking():
@@ -136,7 +133,7 @@ def stream_destroy(stream) -> None:
 
 
 def module_load_data(image: bytes):
-    return check(_d.cuModuleLoadData(image), "cuModuleLoadData", "image bytes=%s", len(image))
+    return check(_d.cuModuleLoadData(image), "cuModuleLoadData", f"image bytes={len(image)}")
 
 
 def module_unload(module) -> None:
@@ -149,7 +146,7 @@ def module_get_function(module, name: str):
 
 def func_set_max_dyn_smem(func, nbytes: int, name: str = "") -> None:
     check(_d.cuFuncSetAttribute(func, _MAX_DYN_SMEM, nbytes), "cuFuncSetAttribute",
-          "%s MAX_DYNAMIC_SHARED_SIZE_BYTES=%s", name, nbytes)
+          f"{name} MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}")
 
 
 def func_attr(func, name: str) -> int:

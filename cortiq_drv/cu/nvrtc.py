@@ -22,8 +22,6 @@ from cortiq_drv.errors import NvrtcError
 # Options every compile gets besides the arch and the defines.
 BASE_OPTIONS = ("--std=c++17",)
 _ELF = b"\x7fELF"
-# Dynamic shared memory a launch may ask for without opting in (cuFuncSetAttribute).
-DEFAULT_SMEM = 48 * 1024
 _memo: dict[str, bytes] = {}
 
 
@@ -124,7 +122,7 @@ class Func:
     def __init__(self, handle, name: str):
         self.handle = handle
         self.name = name
-        self.smem_ok = DEFAULT_SMEM
+        self.smem_ok = 48 * 1024
 
     def allow_smem(self, nbytes: int) -> None:
         """Opt in to `nbytes` of dynamic shared memory (above 48 KiB needs the attribute)."""

@@ -19,9 +19,9 @@ import numpy as np
 
 from cortiq_drv import knobs
 from cortiq_drv.blas import Gemm
-from cortiq_drv.cu.args import dev_ptr, kargs
+from cortiq_drv.cu.args import kargs
 from cortiq_drv.errors import CortiqError
-from cortiq_drv.hybrid.mma import KIND_Q4TP
+from cortiq_drv.hybrid.mma import KIND_Q4TP, dev_ptr
 from cortiq_drv.hybrid.launch import rope_rows
 from cortiq_drv.hybrid.plan import GdnL
 
