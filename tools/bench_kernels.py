@@ -11,7 +11,7 @@ ratio to the read bandwidth measured in the same run (a streaming-read kernel), 
 one-row time, and cuBLAS f16 GEMM (ctx.gemm, f16 weights, also rotated) on the same shape. Times
 are medians over --reps replays of a captured graph of back-to-back launches (launch gaps
 included, as in a decode step's graph). `--variants all` times every (TB, KS) choice as well;
-`--define` compiles hyb.cu with kernel tuning macros (HY_RING, HY_MB_*) for a sweep.
+`--define` compiles hyb.cu with kernel tuning macros (HY_MV_STAGES, HY_MB_*, HY_MV_MB_*) for a sweep.
 """
 
 from __future__ import annotations
@@ -166,7 +166,8 @@ def bench_matrix(ctx, fx, model, name, rows, cols, pair, a, bw, emit) -> None:
         for n in a.rows:
             rule = rot.sets[0].variant(n)
             nt = rule[0]
-            choices = [rule] if a.variants == "rule" else [(nt, tb, ks) for tb in (1, 2) for ks in (8, 16)]
+            nts = (0, 1) if nt == 0 else (nt,)  # hy_mmv beside hy_mmp_1 at one or two rows
+            choices = [rule] if a.variants == "rule" else [(v, tb, ks) for v in nts for tb in (1, 2) for ks in (8, 16)]
             reps_k = -(-GRAPH_CALLS // len(rot.sets))
             for var in choices:
                 calls = [lambda s=s: s.launch(ctx, fx, p, n, *var) for s in rot.sets] * reps_k
@@ -203,6 +204,8 @@ def main(argv=None) -> int:
     a.rows = [int(v) for v in a.rows.split(",")]
     ctx = Ctx.current()
     defines = dict(d.split("=", 1) for d in a.define)
+    # the launches' ring size follows a swept hy_mmv ring depth
+    mma.MV_STAGES = int(defines.get("HY_MV_STAGES", mma.MV_STAGES))
     fx = mma.MmaFuncs(ctx, load(ctx, compile_cubin(source("hyb.cu"), defines, ctx.arch)))
     out = open(a.out, "a") if a.out else None
 

@@ -33,14 +33,16 @@ HYJOB = np.dtype([("w", "<u8"), ("aux0", "<u8"), ("aux1", "<u8"), ("y", "<u8"), 
 # dynamic shared memory).
 RING_STAGES = 8
 STAGE_BYTES = 1088
+# hy_mmv's shallower ring (HY_MV_STAGES; a sweep compiling another value sets this to match).
+MV_STAGES = 4
 # Registers and threads an SM holds (sm_80, sm_90).
 _SM_REGS = 65536
 _SM_THREADS = 2048
 
 
-def ring_bytes(ks: int) -> int:
-    """Dynamic shared memory of an hy_mmp launch with `ks` warps."""
-    return ks * RING_STAGES * STAGE_BYTES
+def ring_bytes(ks: int, mv: bool = False) -> int:
+    """Dynamic shared memory of an hy_mmp (`mv`: hy_mmv) launch with `ks` warps."""
+    return ks * (MV_STAGES if mv else RING_STAGES) * STAGE_BYTES
 
 
 def blocks_per_sm(ctx, f, threads: int, dyn_smem: int) -> int:
@@ -53,22 +55,22 @@ def blocks_per_sm(ctx, f, threads: int, dyn_smem: int) -> int:
 
 
 class MmaFuncs:
-    """The weight-side kernels of one loaded hyb.cu module: `mmp[NT - 1][TB - 1][KS == 16]`,
-    `split`, `rmsnorm2`, `repack` (the matching fields of the reference's `HFuncs`), and
-    `grid_cap`, the blocks each hy_mmp variant keeps resident on the whole card (its grid walks
-    the work items, so a launch never needs more)."""
+    """The weight-side kernels of one loaded hyb.cu module: `mmp[NT][TB - 1][KS == 16]` (NT 0:
+    `hy_mmv_{TB}_{KS}`, the one- and two-row entries; 1, 2: `hy_mmp_{NT}_{TB}_{KS}`), `split`,
+    `rmsnorm2`, `repack` (the matching fields of the reference's `HFuncs`), and `grid_cap`, the
+    blocks each variant keeps resident on the whole card (its grid walks the work items, so a
+    launch never needs more)."""
 
     def __init__(self, ctx, module):
-        self.mmp = [[[module.func(f"hy_mmp_{nt}_{tb}_{ks}") for ks in (8, 16)] for tb in (1, 2)]
-                    for nt in (1, 2)]
-        self.grid_cap = [[[0, 0], [0, 0]], [[0, 0], [0, 0]]]
-        for nt in (1, 2):
+        names = lambda nt, tb, ks: f"hy_mmv_{tb}_{ks}" if nt == 0 else f"hy_mmp_{nt}_{tb}_{ks}"
+        self.mmp = [[[module.func(names(nt, tb, ks)) for ks in (8, 16)] for tb in (1, 2)] for nt in (0, 1, 2)]
+        self.grid_cap = [[[0, 0], [0, 0]] for _ in range(3)]
+        for nt in (0, 1, 2):
             for tb in (1, 2):
                 for ki, ks in enumerate((8, 16)):
-                    f = self.mmp[nt - 1][tb - 1][ki]
-                    f.allow_smem(ring_bytes(ks))
-                    bps = blocks_per_sm(ctx, f, 32 * ks, ring_bytes(ks))
-                    self.grid_cap[nt - 1][tb - 1][ki] = bps * ctx.sm_count
+                    f, ring = self.mmp[nt][tb - 1][ki], ring_bytes(ks, nt == 0)
+                    f.allow_smem(ring)
+                    self.grid_cap[nt][tb - 1][ki] = blocks_per_sm(ctx, f, 32 * ks, ring) * ctx.sm_count
         self.split = module.func("hy_split")
         self.rmsnorm2 = module.func("hy_rmsnorm2")
         self.repack = module.func("hy_repack")
@@ -139,10 +141,15 @@ def set_rules(rows: list[int]) -> tuple[bool, bool]:
 
 
 def variant(n: int, ks16: bool, tb1: bool) -> tuple[int, int, int]:
-    """(NT, TB, KS) of a call with `n` rows: NT 1 up to 8 rows, 2 up to 16."""
+    """(NT, TB, KS) of a call with `n` rows: NT 0 (hy_mmv) up to 2 rows, 1 up to 8, 2 up to 16."""
     if not 1 <= n <= NMAX:
         raise CortiqError(f"hy_mmp: {n} rows, the small path takes 1..{NMAX}")
-    return 1 if n <= 8 else 2, 1 if tb1 else 2, 16 if ks16 else 8
+    return (n + 7) // 8 if n > 2 else 0, 1 if tb1 else 2, 16 if ks16 else 8
+
+
+def rows_cap(nt: int) -> int:
+    """Rows a call of variant NT carries at most (hy_mmv: 2)."""
+    return 8 * nt if nt else 2
 
 
 class MmaSet:
@@ -181,10 +188,10 @@ class MmaSet:
         self.launch(ctx, fx, p, n, *self.variant(n))
 
     def launch(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int) -> None:
-        """Launch `hy_mmp_{nt}_{tb}_{ks}` over the set (tests and benchmarks pick variants; the
-        arithmetic depends on `ks` alone)."""
-        if n > 8 * nt:
-            raise CortiqError(f"hy_mmp_{nt}_*: at most {8 * nt} rows, got {n}")
+        """Launch variant (nt, tb, ks) over the set (`hy_mmv_{tb}_{ks}` when nt is 0; tests and
+        benchmarks pick variants; the arithmetic depends on `ks` alone)."""
+        if n > rows_cap(nt):
+            raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: at most {rows_cap(nt)} rows, got {n}")
         key = (tb, p, n)
         args = self._args.get(key)
         if args is None:
@@ -192,8 +199,8 @@ class MmaSet:
                          self.cols)
             self._args[key] = args
         ki = int(ks == 16)
-        grid = min(self.blocks[tb - 1], fx.grid_cap[nt - 1][tb - 1][ki])
-        ctx.launch(fx.mmp[nt - 1][tb - 1][ki], (grid, 1), 32 * ks, ring_bytes(ks), args)
+        grid = min(self.blocks[tb - 1], fx.grid_cap[nt][tb - 1][ki])
+        ctx.launch(fx.mmp[nt][tb - 1][ki], (grid, 1), 32 * ks, ring_bytes(ks, nt == 0), args)
 
     def close(self) -> None:
         for b in self.bufs:

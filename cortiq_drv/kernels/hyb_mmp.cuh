@@ -224,6 +224,17 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
     }
 }
 
+// The work items of a job table for TB tiles a block (hy_mmp's "Work"), after checking that the
+// launch gave the rings their `ring` bytes of dynamic shared memory (a trap when it did not).
+template <int TB>
+__device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring) {
+    u32 dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < (u32)ring) asm volatile("trap;");
+    const HyJob& last = jobs[nj - 1];
+    return last.blk0 + (((last.rows + 15) >> 4) + TB - 1) / TB;
+}
+
 // hy_mmp_{NT}_{TB}_{KS}: every job's y [n][ystride] = W x for the n rows given as planes.
 //   Math: column q = 3 r + p of the B operand is plane p of row r, so one mma gives the three
 //   planes' partial sums of up to 8/3 rows; per (row, group) the two k-steps' sums are scaled by
@@ -254,11 +265,7 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
                                        const bf16* p2, int xs, int n, int cols) {
     constexpr int NC = 3 * NT;
     __shared__ HySmem<NC, TB, KS> sm;
-    u32 dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < (u32)(KS * HY_STAGES * HY_STAGE)) asm volatile("trap;");
-    const HyJob& last = jobs[nj - 1];
-    const int total = last.blk0 + (((last.rows + 15) >> 4) + TB - 1) / TB;
+    const int total = hy_items<TB>(jobs, nj, KS * HY_STAGES * HY_STAGE);
     if ((int)blockIdx.x >= total) return;
     const int ntc = (3 * n + 7) >> 3;
     // multi-row calls over enough tiles, planes 16-byte aligned: the wide items (same bits; the
@@ -283,21 +290,38 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
         return;
     }
     switch (ntc) {
-    case 1: hy_mmp_run<NC, 1, TB, KS>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
-    case 2: hy_mmp_run<NC, 2, TB, KS>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
-    case 3: hy_mmp_run<NC, 3, TB, KS>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+    case 1: hy_mmp_run<NC, 1, TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+    case 2: hy_mmp_run<NC, 2, TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+    case 3: hy_mmp_run<NC, 3, TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
     default:
         if (NT == 2) {
             switch (ntc) {
-            case 4: hy_mmp_run<NC, (NT == 2 ? 4 : 1), TB, KS>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
-            case 5: hy_mmp_run<NC, (NT == 2 ? 5 : 1), TB, KS>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
-            default: hy_mmp_run<NC, (NT == 2 ? 6 : 1), TB, KS>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+            case 4: hy_mmp_run<NC, (NT == 2 ? 4 : 1), TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+            case 5: hy_mmp_run<NC, (NT == 2 ? 5 : 1), TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+            default: hy_mmp_run<NC, (NT == 2 ? 6 : 1), TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
             }
         }
     }
 }
 
-// Blocks an SM should fit of each (NT, KS): caps the registers (ptxas -v reports them).
+// hy_mmv_{TB}_{KS}: hy_mmp_1_{TB}_{KS} for calls of one or two rows (one n-tile, 3 n <= 8): the
+//   same work split, sums and order (so the same bits as every hy_mmp call with this KS), each
+//   warp's ring HY_MV_STAGES deep instead of HY_STAGES and the registers capped for HY_MV_MB_{KS}
+//   blocks an SM, so more warps hide the tile loop's latencies. Launch: block 32 * KS threads,
+//   dynamic shared memory KS * HY_MV_STAGES * HY_STAGE bytes (traps when given less); traps when
+//   n > 2. Assumptions as hy_mmp.
+template <int TB, int KS>
+__device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
+                                       const bf16* p2, int xs, int n, int cols) {
+    __shared__ HySmem<3, TB, KS> sm;
+    if (n > 2) asm volatile("trap;");
+    const int total = hy_items<TB>(jobs, nj, KS * HY_MV_STAGES * HY_STAGE);
+    if ((int)blockIdx.x >= total) return;
+    hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
+}
+
+// Blocks an SM should fit of each (NT, KS) and of hy_mmv's KS: caps the registers (ptxas -v
+// reports them).
 #ifndef HY_MB_1_8
 #define HY_MB_1_8 2
 #endif
@@ -309,6 +333,12 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
 #endif
 #ifndef HY_MB_2_16
 #define HY_MB_2_16 1
+#endif
+#ifndef HY_MV_MB_8
+#define HY_MV_MB_8 3
+#endif
+#ifndef HY_MV_MB_16
+#define HY_MV_MB_16 2
 #endif
 
 #define HY_MMP(NT, TB, KS)                                                                              \
@@ -324,3 +354,13 @@ HY_MMP(2, 1, 8)
 HY_MMP(2, 1, 16)
 HY_MMP(2, 2, 8)
 HY_MMP(2, 2, 16)
+
+#define HY_MMV(TB, KS)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * KS, HY_MV_MB_##KS) hy_mmv_##TB##_##KS(             \
+        const HyJob* jobs, int nj, const bf16* p0, const bf16* p1, const bf16* p2, int xs, int n, int cols) { \
+        hy_mmv<TB, KS>(jobs, nj, p0, p1, p2, xs, n, cols);                                              \
+    }
+HY_MMV(1, 8)
+HY_MMV(1, 16)
+HY_MMV(2, 8)
+HY_MMV(2, 16)

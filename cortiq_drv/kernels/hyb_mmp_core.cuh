@@ -70,8 +70,12 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
     }
 }
 
-// Stages of each warp's ring (a power of two): S * 1088 bytes of dynamic shared memory a warp.
+// Stages of each warp's ring (a power of two): S * 1088 bytes of dynamic shared memory a warp;
+// hy_mmp's ring, and the shallower one of hy_mmv (more blocks an SM, see hyb_mmp.cuh).
 #define HY_STAGES 8
+#ifndef HY_MV_STAGES
+#define HY_MV_STAGES 4
+#endif
 #define HY_STAGE 1088
 
 // The shared tables of an hy_mmp block (see hy_mmp).
@@ -95,13 +99,14 @@ __device__ __forceinline__ void hy_ldb(u32 (*b)[4], const u32* const* bq, int of
     }
 }
 
-// hy_mmp's work for calls whose columns fill NTC n-tiles (NTC = ceil(3 n / 8)); see hy_mmp.
-template <int NC, int NTC, int TB, int KS>
+// hy_mmp's work for calls whose columns fill NTC n-tiles (NTC = ceil(3 n / 8)), each warp's ring
+// S stages deep; see hy_mmp. The sums and their order depend on KS alone.
+template <int NC, int NTC, int TB, int KS, int S>
 __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                            const bf16* p2, int xs, int n, int cols, int total,
                                            HySmem<NC, TB, KS>& sm) {
     // GS groups a stage (4 units: 2 groups of both tiles, or 4 groups of one tile)
-    constexpr int GS = 4 / TB, S = HY_STAGES, STAGE = HY_STAGE;
+    constexpr int GS = 4 / TB, STAGE = HY_STAGE;
     constexpr int LE = TB * 512 / (KS * 32);
     // the next group's B fragments held in registers while this one computes, where they fit
     constexpr bool PF = NTC <= 3;

@@ -1,5 +1,5 @@
 """The small path's weight side on a device (kernels/hyb_mma.cuh, hybrid/repack, mma, mats):
-card repack == host repack byte for byte; every hy_mmp variant against the float64 product of
+card repack == host repack byte for byte; every hy_mmp / hy_mmv variant against the float64 product of
 the decoded q4tp weights, its three epilogues, and the bit-for-bit row invariance; rows_matvec;
 hy_split / hy_rmsnorm2; the VRAM budget and the plan arena.
 
@@ -20,7 +20,8 @@ from cortiq_drv.hybrid.repack import (pair_map, planes_bytes, random_q4tp, repac
                                       repack_q4tp, repack_rows, repack_rows_on_card)
 
 pytestmark = pytest.mark.gpu
-VARIANTS = [(nt, tb, ks) for nt in (1, 2) for tb in (1, 2) for ks in (8, 16)]
+# NT 0: hy_mmv (one or two rows), 1 and 2: hy_mmp_{NT}
+VARIANTS = [(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)]
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +133,7 @@ def test_mmp_matches_decode(ctx, fx, store, bufs, cols, var):
     ms = mma.mmaset(ctx, [mma.JobSpec(ma, ya.ptr, 0, 48, 40), mma.JobSpec(mb, yb.ptr, rb.ptr, 20, 17)])
     try:
         worst = 0.0
-        for n in range(1, 8 * var[0] + 1):
+        for n in range(1, mma.rows_cap(var[0]) + 1):
             x = rng.standard_normal((n, cols)).astype(np.float32)
             p = planes(ctx, x, bufs)
             ya.memset(0xFF)
@@ -155,7 +156,7 @@ def test_residual_in_place(ctx, fx, store, bufs, var):
     rng = np.random.default_rng(5 + var[0] + var[1] + var[2])
     cols = 1056
     (ma, wa), _ = two_mats(store, cols, rng)
-    n = 8 * var[0]
+    n = mma.rows_cap(var[0])
     h = rng.standard_normal((n, 40)).astype(np.float32)
     hb = Buf.from_array(ctx, h)
     bufs.append(hb)
@@ -183,7 +184,7 @@ def test_pair_epilogue(ctx, fx, store, bufs, var):
     ms = mma.mmaset_pair(ctx, m, p0, p1, stride)
     try:
         worst = 0.0
-        for n in range(1, 8 * var[0] + 1):
+        for n in range(1, mma.rows_cap(var[0]) + 1):
             x = rng.standard_normal((n, cols)).astype(np.float32)
             ms.launch(ctx, fx, planes(ctx, x, bufs), n, *var)
             hi = f16.from_bf16(p0.to_host(np.uint16, (16, stride))[:n, :inter]).astype(np.float64)
@@ -208,9 +209,9 @@ def test_rows_bit_for_bit_in_any_call(ctx, fx, store, bufs, ks, cols):
         x = rng.standard_normal((16, cols)).astype(np.float32)
         one = np.stack([launch(ctx, fx, ms, planes(ctx, x[i:i + 1], bufs), 1, (1, 1, ks), y)[:40]
                         for i in range(16)])
-        for nt, tb in [(1, 1), (1, 2), (2, 1), (2, 2)]:
+        for nt, tb in [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)]:
             for n in [1, 2, 3, 5, 8, 9, 13, 16]:
-                if n > 8 * nt:
+                if n > mma.rows_cap(nt):
                     continue
                 got = launch(ctx, fx, ms, planes(ctx, x[:n], bufs), n, (nt, tb, ks), y).reshape(16, 40)
                 assert got[:n].tobytes() == one[:n].tobytes(), f"{nt}_{tb}_{ks} n={n}"

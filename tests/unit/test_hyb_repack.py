@@ -127,11 +127,13 @@ def test_mmaset_rules():
     assert mma.set_rules([16383]) == (True, False)
     assert mma.set_rules([16384, 1024]) == (False, False)
     assert mma.set_rules([2048, 2049]) == (True, False)
-    assert mma.variant(1, True, False) == (1, 2, 16)
+    assert mma.variant(1, True, False) == (0, 2, 16)
+    assert mma.variant(2, False, True) == (0, 1, 8)
+    assert mma.variant(3, True, False) == (1, 2, 16)
     assert mma.variant(8, False, False) == (1, 2, 8)
     assert mma.variant(9, False, False) == (2, 2, 8)
     assert mma.variant(16, True, True) == (2, 1, 16)
-    assert mma.variant(1, True, True) == (1, 1, 16)
+    assert [mma.rows_cap(nt) for nt in (0, 1, 2)] == [2, 8, 16]
     for n in (0, 17):
         with pytest.raises(CortiqError, match="1..16"):
             mma.variant(n, True, False)
@@ -147,5 +149,6 @@ def test_every_mmp_variant_is_an_entry_point():
     except NvrtcError as e:
         pytest.skip(f"NVRTC cannot be loaded: {e}")
     names = [f"hy_mmp_{nt}_{tb}_{ks}" for nt in (1, 2) for tb in (1, 2) for ks in (8, 16)]
+    names += [f"hy_mmv_{tb}_{ks}" for tb in (1, 2) for ks in (8, 16)]
     for name in names + ["hy_repack", "hy_split", "hy_rmsnorm2"]:
         assert name.encode() + b"\0" in cubin, name
