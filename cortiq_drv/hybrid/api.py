@@ -16,7 +16,8 @@ import numpy as np
 from cortiq_drv.errors import CortiqError, Declined
 from cortiq_drv.graph import BatchGraphOutcome, GraphAttn, TokenGraphOutcome
 from cortiq_drv.hybrid.admit import admit
-from cortiq_drv.hybrid.big import big
+from cortiq_drv.hybrid import bigfit
+from cortiq_drv.hybrid.big import run_chunk
 from cortiq_drv.hybrid.graphs import KtCtx, run_small, tap_slots, taps_read
 from cortiq_drv.hybrid.launch import rope_rows
 from cortiq_drv.hybrid.plan import plan_for
@@ -195,11 +196,18 @@ def batch(hs, cmf, kv_id: int, layer_base: int, layers, invf, h: np.ndarray, *, 
         if bad is not None:
             reason = decline(hs, what, bad[1])
             return BatchGraphOutcome.failed(reason) if bad[0] else BatchGraphOutcome.declined(reason)
+        fit = None
+        if b > NMAX:
+            # a prompt chunk: the prompt path (hybrid/big.py), which books for itself, within the
+            # budget (hybrid/bigfit.py: its scratch allocated before any state moves)
+            hs.admitted = None
+            try:
+                fit = bigfit.prepare(hs, plan, b, positions[0])
+            except Declined as e:
+                return BatchGraphOutcome.declined(decline(hs, what, e.reason))
         try:
-            if b > NMAX:
-                # a prompt chunk: the prompt path (hybrid/big.py), which books for itself
-                hs.admitted = None
-                big(hs, plan, kv_id, layer_base, positions, h, defer)
+            if fit is not None:
+                run_chunk(hs, plan, kv_id, layer_base, positions, h, defer, fit)
             else:
                 _batch_run(hs, plan, kv_id, layer_base, layers, h, positions, cap, spec, argmax_out, defer)
         except CortiqError as e:

@@ -7,13 +7,17 @@ multiplied by cuBLAS f16 GEMMs with f32 output. The GDN chunk goes through conv,
 gates and the chunked delta rule (`hy_gdn_wy`, then `hy_gdn_chunk`), leaving the layer's state at
 the chunk's end for the small path to continue from. Attention is two strided-batched GEMMs a KV group over the
 f16 K/V mirror (its rows appended by `hy_qk` first), query rows in passes of `CMF_HYB_ATT_ROWS`
-halved until the scores fit a memory cap. Scratch is named (`hs.scr`) and reused across chunks.
+halved until the scores fit a memory cap. Scratch is named (`hs.scr`) and reused across chunks;
+hybrid/bigfit.py sizes it and fits a chunk to the budget before anything moves (`run_chunk` then
+takes the chunk in the pieces it decided). The input rows reach the card through pinned staging.
 Kernels and their layouts: kernels/hyb_big.cuh.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -21,21 +25,23 @@ from cortiq_drv import knobs
 from cortiq_drv.blas import Gemm
 from cortiq_drv.cu.args import kargs
 from cortiq_drv.errors import CortiqError
+from cortiq_drv.hybrid.bigfit import BigCfg, Fit, att_passes, configured, pieces, score_bytes, wd_elems
 from cortiq_drv.hybrid.mma import KIND_Q4TP, dev_ptr
 from cortiq_drv.hybrid.launch import rope_rows
 from cortiq_drv.hybrid.plan import GdnL
 
+# Bytes of a piece of the input rows' pinned staging (`_stage_rows`), and the threads filling it.
+STAGE_PIECE = 4 << 20
+STAGE_THREADS = 4
 # Stages of CMF_CUDA_PROF=1 on the prompt path, summed over its chunks.
 BSTAGES = ("norms", "expand", "gemm", "gdn glue", "gdn scan", "attention", "act", "copies")
-# One attention pass's scores (key rows x query rows x heads x 4 bytes) stay under this...
-PASS_CAP = 384 << 20
-# ...and the score scratch is sized up front for a whole chunk's pass, up to this.
-WHOLE_CAP = 400 << 20
 # Rows a chunk of the GDN scan, and the dynamic shared memory of hy_gdn_wy and hy_gdn_chunk
-# (HB_C, HB_WY_SMEM, HB_CHUNK_SMEM of hyb_big.cuh).
+# (HB_C, HB_WY_SMEM, HB_CHUNK_SMEM of hyb_gdn_chunk.cuh).
 GDN_C = 64
 WY_SMEM = (2 * 64 * 132 + 64 * 68 + 2 * 64) * 4
-CHUNK_SMEM = (3 * 64 * 132 + 128 * 32 + 64 * 68 + 64 * 36 + 64) * 4
+CHUNK_SMEM = (2 * 64 * 132 + 64 * 136 + 64 * 68 + 64 * 36 + 128 * 40 + 2 * 64 * 40 + 2 * 64) * 4
+# Warps a block of hy_gdn_chunk (HB_CW).
+CHUNK_WARPS = 16
 
 
 class BigProf:
@@ -74,27 +80,32 @@ class _Stages:
             self.t = now
 
 
-def att_passes(pos0: int, b: int, col_base: int, nh: int, att_rows: int) -> list[tuple[int, int]]:
-    """The attention passes (first row, rows) of a chunk of b rows at pos0: at most `att_rows`
-    query rows each, halved (not below 64) while the pass's scores pass PASS_CAP."""
-    out, b0 = [], 0
-    while b0 < b:
-        p0 = pos0 + b0
-        bn = min(b - b0, att_rows)
-        while bn > 64 and (p0 + bn - col_base) * bn * nh * 4 > PASS_CAP:
-            bn = -(-bn // 2)
-        out.append((b0, bn))
-        b0 += bn
-    return out
+@functools.lru_cache(maxsize=1)
+def _stage_pool() -> ThreadPoolExecutor:
+    """The threads that fill the pinned staging (numpy's copies release the GIL)."""
+    return ThreadPoolExecutor(max_workers=STAGE_THREADS, thread_name_prefix="cortiq-stage")
 
 
-def _wmax(plan) -> tuple[int, int]:
-    """Elements of the plan's largest weight, and its widest row."""
-    mats = []
-    for l in plan.layers:
-        m = l.mix
-        mats += [l.gu, l.down, *([m.qkv, m.z, m.out] if isinstance(m, GdnL) else [m.q, m.k, m.v, m.o])]
-    return max((x.rows * x.cols for x in mats), default=0), max((x.cols for x in mats), default=0)
+def _stage_rows(hs, bh, h: np.ndarray) -> None:
+    """The chunk's rows h into bh through pinned staging (`hs.pin` "hb rows"): pieces filled by the
+    pool's threads, each queued for the card once filled, so the card copies one piece while
+    the host fills the next (a pageable copy goes through the driver's bounce buffer at a
+    fraction of the speed). The staging is written only once the card has copied the last
+    chunk's rows out of it (the event in `hs.staged`)."""
+    src = np.ascontiguousarray(h, dtype=np.float32).reshape(-1)
+    ev = hs.staged.get("hb rows")
+    if ev is not None:
+        ev.sync()
+    pin = hs.pin("hb rows", np.float32, src.size)
+    step = STAGE_PIECE // 4
+    spans = [(a, min(a + step, src.size)) for a in range(0, src.size, step)]
+    jobs = [_stage_pool().submit(np.copyto, pin[a:e], src[a:e]) for a, e in spans]
+    for (a, e), job in zip(spans, jobs):
+        job.result()
+        bh.upload_async(pin[a:e], a * 4)
+    if ev is None:
+        ev = hs.staged["hb rows"] = hs.card.event()
+    ev.record()
 
 
 class _Mul:
@@ -149,7 +160,7 @@ def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages) -> None
     ctx.gemm(True, False, g.nv, b, hidden, 1.0, g.a_h, hidden, bxn, hidden, 0.0, yab, 2 * g.nv, Gemm.HALF)
     ctx.gemm(True, False, g.nv, b, hidden, 1.0, g.b_h, hidden, bxn, hidden, 0.0, dev_ptr(yab) + g.nv * 4, 2 * g.nv,
              Gemm.HALF)
-    ctx.launch(fx.conv32, (-(-b * g.cdim // 256), 1), 256, 0,
+    ctx.launch(fx.conv32, (-(-b * (g.cdim // 4) // 256), 1), 256, 0,
                kargs("QiQQQiii", yq, g.cdim, gs.ring if g.kk > 1 else 0, g.taps, cq, b, g.cdim, g.kk))
     if g.kk > 1:
         ctx.launch(fx.ring, (-(-g.cdim // 256), 1), 256, 0, kargs("QQiiii", gs.ring, yq, g.cdim, b, g.cdim, g.kk))
@@ -163,7 +174,7 @@ def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages) -> None
     wp = hs.scr("hb_wp", g.nv * b * GDN_C * 4)
     ctx.launch(fx.wy, (-(-b // GDN_C), g.nv), 256, WY_SMEM,
                kargs("QQQQQQiiii", cq, gbp, wg, ww, wu, wp, b, g.cdim, g.nv, g.nk))
-    ctx.launch(fx.chunk, (vd // 32, 1), 256, CHUNK_SMEM,
+    ctx.launch(fx.chunk, (vd // 32, 1), 32 * CHUNK_WARPS, CHUNK_SMEM,
                kargs("QQQQQQQiiii", cq, wg, ww, wu, wp, gs.s, yo, b, g.cdim, g.nv, g.nk))
     st.mark(4)
     ctx.launch(fx.out_h, (b * g.nv, 1), g.dv, 0, kargs("QQiQQiif", yo, yz, vd, g.norm, yof, g.nv, g.dv, plan.eps))
@@ -172,18 +183,18 @@ def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages) -> None
 
 
 def attend(ctx, fx, scr, kp, vp, qgh, aog, bis, pos0: int, b: int, col_base: int, nkv: int, hpk: int, hd: int,
-           scale: float, hint: int) -> None:
+           scale: float, hint: int, att_rows: int | None = None) -> None:
     """The chunk's attention over the mirror rows [0, pos0 + b - col_base), pass by pass (the
-    score GEMM, `hy_softmax_h`, the value GEMM): ao and isum group-major (kernels/hyb_big.cuh);
-    `scr(name, bytes)` gives the named scratch (sized up front for `hint` keys)."""
+    score GEMM, `hy_softmax_h`, the value GEMM) of at most `att_rows` query rows (None:
+    `CMF_HYB_ATT_ROWS`): ao and isum group-major (kernels/hyb_big.cuh); `scr(name, bytes)` gives
+    the named scratch (sized up front for `hint` keys, `bigfit.score_bytes`)."""
     nh, lda, grow = nkv * hpk, nkv * hd, hpk * hd
-    att = knobs.get().hyb_att_rows
-    whole = min(max(hint, pos0 + b) * min(b, att) * nh * 4, WHOLE_CAP)
+    att = knobs.get().hyb_att_rows if att_rows is None else att_rows
+    s_bytes, p_bytes = score_bytes(pos0, b, col_base, nkv, hpk, att, hint)
+    bs, bp = scr("hb_s", s_bytes), scr("hb_p", p_bytes)
     for b0, bn in att_passes(pos0, b, col_base, nh, att):
         p0 = pos0 + b0
         l_rows, cols = p0 + bn - col_base, bn * hpk
-        bs = scr("hb_s", max(nkv * l_rows * cols * 4, whole))
-        bp = scr("hb_p", max(nkv * l_rows * cols * 2, whole // 2))
         # the mirrors hold f16 rows: both GEMMs on f16 operands (the query copy, the weights)
         ctx.gemm_strided_batched_f16(True, l_rows, cols, hd, scale, kp, lda, hd, dev_ptr(qgh) + b0 * grow * 2, hd,
                                      b * grow, bs, l_rows, l_rows * cols, nkv)
@@ -193,7 +204,7 @@ def attend(ctx, fx, scr, kp, vp, qgh, aog, bis, pos0: int, b: int, col_base: int
                                      dev_ptr(aog) + b0 * grow * 4, hd, b * grow, nkv)
 
 
-def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stages) -> None:
+def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stages, cfg: BigCfg) -> None:
     """A gated attention layer over the chunk: q, k, v; norms, rotary, the chunk's K/V rows into
     the mirror; per pass the score GEMM, the masked softmax, the value GEMM; the normalised,
     gated output; o added to the residual."""
@@ -220,7 +231,8 @@ def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stag
                kargs("QiQQiQQQQQQQiiifiiiiQQ", yq, qr, yk, yv, nkv * hd, a.qn, a.kn, qg, gt, m.k, m.v, btab, nh, nkv,
                      plan.half, plan.eps, int(plan.gemma), int(a.gated), slot0, b, 0, 0))
     ctx.launch(fx.q_half_g, (-(-b * nh * hd // 256), 1), 256, 0, kargs("QQiiii", qg, qgh, b, nh, hpk, hd))
-    attend(ctx, fx, hs.scr, m.k, m.v, qgh, aog, bis, pos0, b, col_base, nkv, hpk, hd, plan.scale, hs.kv_hint)
+    attend(ctx, fx, hs.scr, m.k, m.v, qgh, aog, bis, pos0, b, col_base, nkv, hpk, hd, plan.scale, cfg.hint,
+           cfg.att_rows)
     ctx.launch(fx.attn_out, (-(-b * nh * hd // 256), 1), 256, 0,
                kargs("QQQQiiii", aog, bis, gt if a.gated else 0, bao, nh, b, hpk, hd))
     st.mark(5)
@@ -237,33 +249,34 @@ def _ffn(hs, plan, pl, b: int, bxn, bh, mul: _Mul, st: _Stages) -> None:
                                                  int(plan.gemma)))
     st.mark(0)
     mul(pl.gu, bxn, bgu, 2 * inter)
-    ctx.launch(fx.silu_pair, (-(-b * inter // 256), 1), 256, 0, kargs("QQii", bgu, bmh, inter, b))
+    ctx.launch(fx.silu_pair, (-(-b * (inter // 8) // 256), 1), 256, 0, kargs("QQii", bgu, bmh, inter, b))
     st.mark(6)
     mul(pl.down, bmh, bh, plan.hidden, 16.0, 1.0)
 
 
-def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: bool = False) -> None:
+def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: bool = False,
+        cfg: BigCfg | None = None) -> None:
     """Rows h [b, hidden] at contiguous `positions` through the plan's layers on the prompt path
     (`big`); every layer's state admitted at positions[0] with room for b rows (`admit`). h
     becomes the residual rows after the last layer, unless `defer`: then nothing comes back and
-    the stream runs on (a prompt's chunks before its last)."""
+    the stream runs on (a prompt's chunks before its last). `cfg`: the band, passes and score
+    sizing (None: the knobs'); the rows of a call are its own (`run_chunk` splits a chunk)."""
     ctx, fx = hs.ctx, plan.fx
     positions = [int(p) for p in positions]
     b, pos0, hidden = len(positions), positions[0], plan.hidden
-    k = knobs.get()
+    cfg = configured(b, hs.kv_hint) if cfg is None else cfg
     st = _Stages(ctx, hs.prof)
     bh = hs.scr("hb_h", b * hidden * 4)
     bxn = hs.scr("hb_xn", b * hidden * 2)
-    wd_rows = max(k.hyb_wd_bytes, 1 << 20) // 2
     # a large weight expands a band of rows at a time
-    elems, cols = _wmax(plan)
-    wd = hs.scr("hb_wd", min(elems, max(wd_rows, 16 * cols)) * 2)
+    wd_rows, wd_n = wd_elems(plan, cfg.wd_bytes)
+    wd = hs.scr("hb_wd", wd_n * 2)
     want = hs.taps_wanted
     tapping = bool(want) and layer_base == 0 and all(l < len(plan.layers) for l in want)
     tapped = np.empty((len(want), b, hidden), dtype=np.float32) if tapping else None
     tab = rope_rows(plan.invf, positions)
     btab = hs.scr("hb_tab", max(tab.nbytes, 4))
-    bh.upload_async(np.ascontiguousarray(h, dtype=np.float32).reshape(-1))
+    _stage_rows(hs, bh, h)
     if tab.size:
         btab.upload_async(tab)
     PROF.rows += b
@@ -284,7 +297,7 @@ def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: 
             m = hs.kv.get(key)
             if m is None:
                 raise CortiqError(f"K/V mirror of layer {li} missing")
-            _attn(hs, plan, pl.mix, m, pos0, b, bxn, bh, btab, mul, st)
+            _attn(hs, plan, pl.mix, m, pos0, b, bxn, bh, btab, mul, st, cfg)
         _ffn(hs, plan, pl, b, bxn, bh, mul, st)
         if tapping and li in want:
             # pageable: done when it returns
@@ -299,3 +312,19 @@ def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: 
         h.reshape(-1)[:] = out.reshape(-1)
     st.mark(7)
     hs.mem_report(f"a prompt chunk of {b} rows at {pos0}")
+
+
+def run_chunk(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: bool, f: Fit) -> None:
+    """A prompt chunk through `big` in the pieces `bigfit.prepare` decided, in order (each takes
+    the scratch `prepare` allocated); the pieces' taps joined."""
+    positions = [int(p) for p in positions]
+    b = len(positions)
+    rows = h.reshape(b, plan.hidden)
+    taps = []
+    for s, e in pieces(b, f.cfg.rows):
+        hs.taps_out = None
+        big(hs, plan, kv_id, layer_base, positions[s:e], rows[s:e], defer, f.cfg)
+        if hs.taps_out is not None:
+            taps.append(hs.taps_out)
+    # [layer][row][hidden] a piece
+    hs.taps_out = np.concatenate(taps, axis=1) if taps else None

@@ -1,7 +1,8 @@
-"""Numpy references of the prompt path's kernels (`kernels/hyb_big.cuh`): each function is one
-kernel's contract in float32 over the same layouts (documented on top of each kernel); f16
-outputs are float16 arrays (round to nearest even, as PTX cvt.rn). The GPU tests hold the kernels
-to these; the unit tests hold these to the host arm's math (`host/`, `kernels_ref`).
+"""Numpy references of the prompt path's kernels (`kernels/hyb_big.cuh`, the chunked delta rule's
+in `kernels/hyb_gdn_chunk.cuh`): each function is one kernel's contract in float32 over the same
+layouts (documented on top of each kernel); f16 outputs are float16 arrays (round to nearest even,
+as PTX cvt.rn). The GPU tests hold the kernels to these; the unit tests hold these to the host
+arm's math (`host/`, `kernels_ref`).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def _chunks(n: int, chunk: int):
 
 def gdn_wy(cq: np.ndarray, gb: np.ndarray, nk: int, nv: int, chunk: int = CHUNK):
     """`hy_gdn_wy`: the state-free part of the chunked delta rule over cq [n, cdim], gb [n, 2nv]
-    -> (g [nv, n], w [nv, n, dk], u [nv, n, dv], p [nv, n, chunk]) as hyb_big.cuh defines them."""
+    -> (g [nv, n], w [nv, n, dk], u [nv, n, dv], p [nv, n, chunk]) as hyb_gdn_chunk.cuh defines them.
+    (I + A) X = R by rows here; the kernel substitutes in blocks of 16 rows, the same solve."""
     n = cq.shape[0]
     dk = dv = cq.shape[1] // (2 * nk + nv)
     rep = nv // nk

@@ -32,7 +32,7 @@ class HFuncs(MmaFuncs):
                      rs_scan="hy_gdn_restore_scan", rs_scan4="hy_gdn_restore_scan4",
                      rs_ring="hy_gdn_restore_ring", qk="hy_qk", scores="hy_scores", values="hy_values",
                      finish="hy_finish", argmax="hy_argmax", gather="hy_embed_gather", to_half="hy_to_half",
-                     # the prompt path's (kernels/hyb_big.cuh, hybrid/big.py)
+                     # the prompt path's (kernels/hyb_big.cuh, hyb_gdn_chunk.cuh, hybrid/big.py)
                      expand_p="hy_expand_p", expand_pr="hy_expand_pr", rmsnorm="hy_rmsnorm",
                      conv32="hy_gdn_conv32", ring="hy_gdn_ring", prep32="hy_gdn_prep32", gb32="hy_gdn_gb32",
                      wy="hy_gdn_wy", chunk="hy_gdn_chunk", out_h="hy_gdn_out_h", q_half_g="hy_q_half_g",

@@ -35,13 +35,14 @@ class DevMat:
         self.w.close()
 
 
-def vram_budget(ctx) -> int:
+def vram_budget(ctx, held_else: int = 0) -> int:
     """Bytes the process may hold on the card: `CMF_GPU_VRAM_MB` when set, else what it holds
-    now plus what is free."""
+    now (the weights, and `held_else` more bytes the caller counts: K/V, states, scratch) plus
+    what is free."""
     cap = knobs.get().vram_bytes
     if cap is not None:
         return cap
-    return ctx.resident + ctx.mem_get_info()[0]
+    return ctx.resident + held_else + ctx.mem_get_info()[0]
 
 
 def _admit(ctx, what: str, nbytes: int) -> None:

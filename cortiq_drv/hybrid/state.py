@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cortiq_drv import knobs
-from cortiq_drv.cu import Buf, Pinned, capture
+from cortiq_drv.cu import Buf, Event, Pinned, capture
 from cortiq_drv.cu.nvrtc import compile_cubin, load
 from cortiq_drv.hybrid import mma
 from cortiq_drv.hybrid.mats import MatStore
@@ -53,6 +53,9 @@ class Card:
 
     def pinned(self, nbytes: int) -> Pinned:
         return Pinned(nbytes)
+
+    def event(self) -> Event:
+        return Event(self.ctx)
 
     def funcs(self, hpk: int, hd: int):
         """hyb.cu compiled for (heads per KV head, head width) and loaded (`load_funcs`)."""
@@ -209,6 +212,8 @@ class HState:
         # pinned host staging by name, and its views by (name, dtype as passed, count) (`pin`)
         self._pins: dict = {}
         self._pin_views: dict = {}
+        # pinned staging name -> an event recorded after the last copy out of it (`big`'s rows)
+        self.staged: dict = {}
         # (plan id, sequence, first layer) -> the states a full admission resolved (`admit`), and
         # the last admission's (key, first position, rows, held) for `book`
         self.held: dict = {}
@@ -269,6 +274,14 @@ class HState:
             b.close()
         b = self.scratch[name] = self.card.new(round_up(max(nbytes, 1), 256))
         return b
+
+    def scr_release(self, names) -> None:
+        """Free the named scratch (after a sync: pending work may still use it); the next `scr`
+        of a name allocates afresh."""
+        if names:
+            self.ctx.sync()
+        for name in names:
+            self.scratch.pop(name).close()
 
     def pin(self, name: str, dtype, n: int) -> np.ndarray:
         """Pinned host staging `name` as n values of `dtype` at a fixed address: the card copies

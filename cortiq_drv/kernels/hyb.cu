@@ -13,3 +13,4 @@
 #include "hyb_gdn.cuh"
 #include "hyb_attn.cuh"
 #include "hyb_big.cuh"
+#include "hyb_gdn_chunk.cuh"

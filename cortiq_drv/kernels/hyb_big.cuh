@@ -1,8 +1,9 @@
 // The prompt path's kernels (the reference's `big`: a chunk of more than NMAX rows on cuBLAS).
 // Weights expand from the repacked q4tp layout (hyb_mma.cuh's header) into one dense f16 plane
 // that cuBLAS multiplies; the kernels here are the glue between those GEMMs: norms to f16, the
-// GDN chunk (conv, ring, L2 norms, gates, the chunked delta rule, gated norm), attention's
-// softmax and output over the two batched GEMMs a KV group, and the FFN middle.
+// GDN chunk (conv, ring, L2 norms, gates, gated norm; the chunked delta rule is in
+// hyb_gdn_chunk.cuh), attention's softmax and output over the two batched GEMMs a KV group, and
+// the FFN middle.
 //
 // Layouts shared with the small path (hyb_gdn.cuh, hyb_attn.cuh): raw [n][qs], ring [kk-1][cdim],
 // taps [cdim][kk], cq [n][cdim] (q | k | v), gb [n][2*nv] (decay | beta), S [nv][dk][dv], K/V
@@ -91,35 +92,58 @@ extern "C" __global__ void hy_expand_pr(const u32* tiles, const unsigned char* c
 }
 
 // hy_rmsnorm: y[r] = f16(x[r] / sqrt(mean(x[r]^2) + eps) * (gemma ? 1 + w : w)).
-// Pointers: x [n][hidden] f32, w [hidden] f32, y [n][hidden] f16 out. Grid (n, 1), block 256.
+// Thread t takes the 4-column groups t, t + 256, ... of its row (16-byte loads, 8-byte stores).
+// Pointers: x [n][hidden] f32, w [hidden] f32, y [n][hidden] f16 out, 16-byte aligned.
+// Grid (n, 1), block 256. Assumes hidden % 4 == 0.
 extern "C" __global__ void hy_rmsnorm(const float* x, const float* w, f16* y, int hidden, float eps, int gemma) {
     __shared__ float red[32];
-    const float* xr = x + (size_t)blockIdx.x * hidden;
+    const float4* xr = (const float4*)(x + (size_t)blockIdx.x * hidden);
+    const float4* w4 = (const float4*)w;
+    const int h4 = hidden >> 2;
     float ss = 0.0f;
-    for (int c = threadIdx.x; c < hidden; c += blockDim.x) ss = fmaf(xr[c], xr[c], ss);
+    for (int c = threadIdx.x; c < h4; c += blockDim.x) {
+        const float4 v = xr[c];
+        ss = fmaf(v.x, v.x, ss);
+        ss = fmaf(v.y, v.y, ss);
+        ss = fmaf(v.z, v.z, ss);
+        ss = fmaf(v.w, v.w, ss);
+    }
     const float den = sqrtf(hb_block_sum(ss, red) / (float)hidden + eps);
-    f16* yr = y + (size_t)blockIdx.x * hidden;
-    for (int c = threadIdx.x; c < hidden; c += blockDim.x)
-        yr[c] = f32_to_f16(xr[c] / den * (gemma ? 1.0f + w[c] : w[c]));
+    uint2* yr = (uint2*)(y + (size_t)blockIdx.x * hidden);
+    for (int c = threadIdx.x; c < h4; c += blockDim.x) {
+        const float4 v = xr[c], g = w4[c];
+        const float a = v.x / den * (gemma ? 1.0f + g.x : g.x), b = v.y / den * (gemma ? 1.0f + g.y : g.y);
+        const float d = v.z / den * (gemma ? 1.0f + g.z : g.z), e = v.w / den * (gemma ? 1.0f + g.w : g.w);
+        yr[c] = make_uint2((u32)f32_to_f16(a) | ((u32)f32_to_f16(b) << 16),
+                           (u32)f32_to_f16(d) | ((u32)f32_to_f16(e) << 16));
+    }
 }
 
 // hy_gdn_conv32: the causal depthwise conv + SiLU over a chunk's raw rows after the ring:
 //   cq[r][c] = silu(sum_j taps[c][j] * x_{r-kk+1+j}[c]), x_m = raw row m (m >= 0) or ring row
 //   kk - 1 + m (m < 0); j ascending.
+// Thread k takes the channels 4 (k % (cdim / 4)) .. + 3 of row k / (cdim / 4) (16-byte row loads).
 // Pointers: raw [n][qs] f32, ring [kk-1][cdim] f32 (read only; 0 when kk == 1), taps [cdim][kk] f32,
-// cq [n][cdim] f32 out. Grid ceil(n * cdim / 256), block 256.
+// cq [n][cdim] f32 out, 16-byte aligned. Grid ceil(n * cdim / 4 / 256) (more threads return at
+// once), block 256. Assumes cdim % 4 == 0, qs % 4 == 0.
 extern "C" __global__ void hy_gdn_conv32(const float* raw, int qs, const float* ring, const float* taps, float* cq,
                                          int n, int cdim, int kk) {
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)n * cdim) return;
-    const int r = (int)(idx / cdim), c = (int)(idx % cdim);
-    float acc = 0.0f;
+    const int c4 = cdim >> 2;
+    if (idx >= (size_t)n * c4) return;
+    const int r = (int)(idx / c4), c = (int)(idx % c4) * 4;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
     for (int j = 0; j < kk; ++j) {
         const int m = r - (kk - 1) + j;
-        const float x = m >= 0 ? raw[(size_t)m * qs + c] : ring[(size_t)(kk - 1 + m) * cdim + c];
-        acc += taps[(size_t)c * kk + j] * x;
+        const float4 x = m >= 0 ? *(const float4*)(raw + (size_t)m * qs + c)
+                                : *(const float4*)(ring + (size_t)(kk - 1 + m) * cdim + c);
+        const float* tp = taps + (size_t)c * kk + j;
+        a0 += tp[0] * x.x;
+        a1 += tp[kk] * x.y;
+        a2 += tp[2 * kk] * x.z;
+        a3 += tp[3 * kk] * x.w;
     }
-    cq[idx] = siluf_(acc);
+    *(float4*)(cq + (size_t)r * cdim + c) = make_float4(siluf_(a0), siluf_(a1), siluf_(a2), siluf_(a3));
 }
 
 // hy_gdn_ring: the conv ring after the chunk's n raw rows: ring'[j] = ([ring ; raw])[n + j],
@@ -164,345 +188,7 @@ extern "C" __global__ void hy_gdn_gb32(const float* ab, const float* a_log, cons
     gb[r * 2 * nv + nv + h] = sigmoidf_(ab[r * 2 * nv + nv + h]);
 }
 
-// The chunked delta rule, HB_C rows a chunk, key and value width HB_D (fla's chunked gated delta
-// rule in the WY form). For value head h and a chunk of rows t (q_t, k_t, v_t from cq, key head
-// h / (nv / nk); decay_t, beta_t from gb), with G_t = sum_{r <= t} log decay_r inside the chunk (log
-// decay clamped at -80 so differences stay finite) and S0 the state before the chunk:
-//   A[t][s] = beta_t e^{G_t - G_s} (k_t . k_s) for s < t, T = (I + A)^-1;
-//   W = T (beta e^G k), U = T (beta v)        (hy_gdn_wy: no state, every chunk at once)
-//   D = U - W S0;  o_t = e^{G_t} S0^T q_t + sum_{s <= t} P[t][s] D_s,  P[t][s] = e^{G_t - G_s} (q_t . k_s);
-//   S = e^{G_last} S0 + sum_s e^{G_last - G_s} k_s D_s^T   (hy_gdn_chunk: chunk after chunk)
-// which is the serial rule S = decay S; d = (v - S^T k) beta; S += k d^T; o = S^T q regrouped. Rows
-// past n count as zero rows with decay 1.
-#define HB_C 64
-#define HB_D 128
-#define HB_JW 32
-// Row strides in floats: multiples of 4 so rows take float4 reads; 4 * 132 % 32 == 16 and
-// 4 * 68 % 32 == 16 keep the two row groups a warp reads (rows 4 ty, 4 ty + 4) on other banks.
-#define HB_LDK (HB_D + 4)
-#define HB_LDC (HB_C + 4)
-#define HB_LDJ (HB_JW + 4)
-// Dynamic shared memory (bytes) of hy_gdn_wy: k, q (then the right-hand sides) [C][LDK], A [C][LDC],
-// G, beta [C].
-#define HB_WY_SMEM ((2 * HB_C * HB_LDK + HB_C * HB_LDC + 2 * HB_C) * 4)
-// ... and of hy_gdn_chunk: q, w, scaled k [C][LDK], S [D][JW], P [C][LDC], U / D [C][LDJ], G [C].
-#define HB_CHUNK_SMEM ((3 * HB_C * HB_LDK + HB_D * HB_JW + HB_C * HB_LDC + HB_C * HB_LDJ + HB_C) * 4)
-
-// Component e (a compile-time constant after unrolling) of a float4.
-__device__ __forceinline__ float hb_c4(const float4& v, int e) { return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w; }
-
-// A chunk's G (inclusive sums of the clamped log decays) and beta into shared memory, by warp 0
-// (lane l: rows 2l, 2l + 1; a scan of the pairs' sums); rows past cn: log decay 0, beta 0.
-__device__ __forceinline__ void hb_gates(const float* gb, int c0, int cn, int nv, int h, float* gg, float* bb) {
-    const int l = threadIdx.x;
-    if (l >= 32) return;
-    float lg[2], bt[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        const int t = 2 * l + e;
-        const size_t at = (size_t)(c0 + t) * 2 * nv + h;
-        lg[e] = t < cn ? fmaxf(logf(gb[at]), -80.0f) : 0.0f;
-        bt[e] = t < cn ? gb[at + nv] : 0.0f;
-    }
-    const float pair = lg[0] + lg[1];
-    float inc = pair;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const float u = __shfl_up_sync(0xffffffffu, inc, d);
-        if (l >= d) inc += u;
-    }
-    const float ex = inc - pair;
-    gg[2 * l] = ex + lg[0];
-    gg[2 * l + 1] = ex + lg[0] + lg[1];
-    bb[2 * l] = bt[0];
-    bb[2 * l + 1] = bt[1];
-}
-
-// hy_gdn_wy: per (chunk, value head) the state-free part of the chunked rule: G, P, W, U above.
-//   Block (c, h): rows c0 = 64 c .. c0 + cn - 1. k k^T and q k^T by 4x4 register tiles (rows
-//   ty + 16a, columns tx + 16b, float4 steps along the key width); then (I + A) X = R solved by
-//   rows for 256 right-hand columns at once, thread i < 128 the column i of beta e^G k, thread
-//   128 + j the column j of beta v, each in shared memory in place (no block barrier inside the
-//   substitution; four partial sums a row break the FMA chain, A's zeros past the diagonal pad
-//   the last step of four).
-// Pointers: cq [n][cdim] f32 (q | k | v, q and k normed), gb [n][2 nv] f32 (decay | beta); out:
-//   g [nv][n] f32, w [nv][n][128] f32, u [nv][n][128] f32, p [nv][n][64] f32 (row t of a chunk:
-//   P[t][s] for the chunk's s, 0 past t).
-// Grid (ceil(n / 64), nv), block 256, dynamic shared memory HB_WY_SMEM (over 48 KiB: opt in).
-// Assumes dk == dv == 128, nv % nk == 0, cdim % 4 == 0, 16-byte aligned buffers.
-extern "C" __global__ void __launch_bounds__(256, 1) hy_gdn_wy(const float* cq, const float* gb, float* g, float* w,
-                                                            float* u, float* p, int n, int cdim, int nv, int nk) {
-    extern __shared__ __align__(16) float hb_sm[];
-    float* ks = hb_sm;
-    float* qs = ks + HB_C * HB_LDK;
-    float* aa = qs + HB_C * HB_LDK;
-    float* gg = aa + HB_C * HB_LDC;
-    float* bb = gg + HB_C;
-    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    const int h = blockIdx.y, c0 = blockIdx.x * HB_C, cn = min(HB_C, n - c0);
-    const int hk = h / (nv / nk);
-    const float* qb = cq + hk * HB_D;
-    const float* kb = cq + (size_t)nk * HB_D + hk * HB_D;
-    const float* vb = cq + (size_t)2 * nk * HB_D + (size_t)h * HB_D;
-    const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int x = tid; x < HB_C * HB_D / 4; x += 256) {
-        const int t = x >> 5, i = (x & 31) * 4;
-        const size_t row = (size_t)(c0 + t) * cdim + i;
-        *(float4*)(ks + t * HB_LDK + i) = t < cn ? *(const float4*)(kb + row) : z4;
-        *(float4*)(qs + t * HB_LDK + i) = t < cn ? *(const float4*)(qb + row) : z4;
-    }
-    hb_gates(gb, c0, cn, nv, h, gg, bb);
-    __syncthreads();
-    float kk[4][4], qk[4][4];
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int b = 0; b < 4; ++b) kk[a][b] = qk[a][b] = 0.0f;
-    for (int i = 0; i < HB_D; i += 4) {
-        float4 kt[4], qt[4], kc[4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            kt[a] = *(const float4*)(ks + (ty + 16 * a) * HB_LDK + i);
-            qt[a] = *(const float4*)(qs + (ty + 16 * a) * HB_LDK + i);
-            kc[a] = *(const float4*)(ks + (tx + 16 * a) * HB_LDK + i);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int b = 0; b < 4; ++b) {
-                    kk[a][b] = fmaf(hb_c4(kt[a], e), hb_c4(kc[b], e), kk[a][b]);
-                    qk[a][b] = fmaf(hb_c4(qt[a], e), hb_c4(kc[b], e), qk[a][b]);
-                }
-    }
-    float* pr = p + ((size_t)h * n + c0) * HB_C;
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-            const int t = ty + 16 * a, s = tx + 16 * b;
-            const float d = s <= t ? expf(gg[t] - gg[s]) : 0.0f;
-            aa[t * HB_LDC + s] = s < t ? bb[t] * d * kk[a][b] : 0.0f;
-            if (t < cn) pr[(size_t)t * HB_C + s] = d * qk[a][b];
-        }
-    __syncthreads();
-    // the right-hand sides in place of k and q: beta e^G k, beta v
-    for (int x = tid; x < HB_C * HB_D / 4; x += 256) {
-        const int t = x >> 5, i = (x & 31) * 4;
-        const float f = bb[t] * expf(gg[t]), bt = bb[t];
-        float4 kv = *(float4*)(ks + t * HB_LDK + i);
-        kv.x *= f;
-        kv.y *= f;
-        kv.z *= f;
-        kv.w *= f;
-        *(float4*)(ks + t * HB_LDK + i) = kv;
-        float4 vv = t < cn ? *(const float4*)(vb + (size_t)(c0 + t) * cdim + i) : z4;
-        vv.x *= bt;
-        vv.y *= bt;
-        vv.z *= bt;
-        vv.w *= bt;
-        *(float4*)(qs + t * HB_LDK + i) = vv;
-    }
-    __syncthreads();
-    float* col = (tid < HB_D ? ks : qs) + (tid & (HB_D - 1));
-    for (int t = 1; t < cn; ++t) {
-        const float* ar = aa + t * HB_LDC;
-        float a0 = col[t * HB_LDK], a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-        for (int s = 0; s < t; s += 4) {
-            const float4 av = *(const float4*)(ar + s);
-            a0 = fmaf(-av.x, col[s * HB_LDK], a0);
-            a1 = fmaf(-av.y, col[(s + 1) * HB_LDK], a1);
-            a2 = fmaf(-av.z, col[(s + 2) * HB_LDK], a2);
-            a3 = fmaf(-av.w, col[(s + 3) * HB_LDK], a3);
-        }
-        col[t * HB_LDK] = (a0 + a1) + (a2 + a3);
-    }
-    __syncthreads();
-    float* wo = w + ((size_t)h * n + c0) * HB_D;
-    float* uo = u + ((size_t)h * n + c0) * HB_D;
-    for (int x = tid; x < cn * HB_D / 4; x += 256) {
-        const int t = x >> 5, i = (x & 31) * 4;
-        *(float4*)(wo + t * HB_D + i) = *(const float4*)(ks + t * HB_LDK + i);
-        *(float4*)(uo + t * HB_D + i) = *(const float4*)(qs + t * HB_LDK + i);
-    }
-    if (tid < cn) g[(size_t)h * n + c0 + tid] = gg[tid];
-}
-
-// A chunk's q and W rows (row stride HB_LDK) into shared memory by cp.async (one commit group;
-// rows past cn zero by plain stores). qr: q of the chunk's row 0 (row stride cdim); wr: W's row 0.
-__device__ __forceinline__ void hb_fetch_qw(const float* qr, const float* wr, int cn, int cdim, float* qs, float* ws) {
-    for (int x = threadIdx.x; x < HB_C * HB_D / 4; x += blockDim.x) {
-        const int t = x >> 5, i = (x & 31) * 4;
-        float* dq = qs + t * HB_LDK + i;
-        float* dw = ws + t * HB_LDK + i;
-        if (t < cn) {
-            hy_cp16((u32)__cvta_generic_to_shared(dq), qr + (size_t)t * cdim + i);
-            hy_cp16((u32)__cvta_generic_to_shared(dw), wr + (size_t)t * HB_D + i);
-        } else {
-            *(float4*)dq = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            *(float4*)dw = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-    }
-    hy_cp_commit();
-}
-
-// hy_gdn_chunk: the state through the chunks in order, after hy_gdn_wy. Block b takes the value
-// columns 32 (b % 4) .. + 31 of head b / 4; its state slice lives in registers (rows 8 ty + a,
-// columns 2 tx + b of 8x2 tiles) with a copy in shared memory for the products. Per chunk, rows
-// t = 4 ty + a and columns j = 2 tx + b of 4x2 tiles, float4 steps along the inner dimension:
-// X = W S0 and Y = S0^T q; D = U - X; o = e^G Y + P D (P is 0 past the diagonal, so each warp runs
-// s up to its own last row); S = e^{G_last} S0 + (e^{G_last - G} k)^T D, k scaled as it loads.
-// The next chunk's q and W stream in by cp.async while this chunk's output and state update run.
-// Pointers: cq [n][cdim] f32 (q | k | v); g, w, u, p as hy_gdn_wy wrote them; S [nv][128][128] f32
-// (in/out); o [n][nv * 128] f32 out.
-// Grid (nv * 4, 1), block 256, dynamic shared memory HB_CHUNK_SMEM (over 48 KiB: opt in).
-// Assumes dk == dv == 128, nv % nk == 0, cdim % 4 == 0, 16-byte aligned buffers.
-extern "C" __global__ void __launch_bounds__(256, 1) hy_gdn_chunk(const float* cq, const float* g, const float* w,
-                                                               const float* u, const float* p, float* S, float* o,
-                                                               int n, int cdim, int nv, int nk) {
-    extern __shared__ __align__(16) float hb_sm[];
-    float* qs = hb_sm;
-    float* ws = qs + HB_C * HB_LDK;
-    float* ks = ws + HB_C * HB_LDK;
-    float* ss = ks + HB_C * HB_LDK;
-    float* pp = ss + HB_D * HB_JW;
-    float* ud = pp + HB_C * HB_LDC;
-    float* gg = ud + HB_C * HB_LDJ;
-    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    const int cpb = HB_D / HB_JW, h = blockIdx.x / cpb, j0 = (blockIdx.x % cpb) * HB_JW;
-    const int hk = h / (nv / nk);
-    const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float* sg = S + (size_t)h * HB_D * HB_D + j0 + 2 * tx;
-    float sr[8][2];
-#pragma unroll
-    for (int a = 0; a < 8; ++a) {
-        const float2 v = *(const float2*)(sg + (size_t)(8 * ty + a) * HB_D);
-        sr[a][0] = v.x;
-        sr[a][1] = v.y;
-        *(float2*)(ss + (8 * ty + a) * HB_JW + 2 * tx) = v;
-    }
-    const float* qb = cq + hk * HB_D;
-    const float* kb = cq + (size_t)nk * HB_D + hk * HB_D;
-    const float* gh = g + (size_t)h * n;
-    hb_fetch_qw(qb, w + (size_t)h * n * HB_D, min(HB_C, n), cdim, qs, ws);
-    for (int c0 = 0; c0 < n; c0 += HB_C) {
-        const int cn = min(HB_C, n - c0);
-        const float gl = gh[c0 + cn - 1];
-        __syncthreads();  // the previous chunk is done with k, P, U / D; its state is in ss
-        for (int x = tid; x < HB_C * HB_D / 4; x += 256) {
-            const int t = x >> 5, i = (x & 31) * 4;
-            float4 v = z4;
-            if (t < cn) {
-                v = *(const float4*)(kb + (size_t)(c0 + t) * cdim + i);
-                const float f = expf(gl - gh[c0 + t]);
-                v.x *= f;
-                v.y *= f;
-                v.z *= f;
-                v.w *= f;
-            }
-            *(float4*)(ks + t * HB_LDK + i) = v;
-        }
-        const float* pr = p + ((size_t)h * n + c0) * HB_C;
-        for (int x = tid; x < HB_C * HB_C / 4; x += 256) {
-            const int t = x >> 4, s = (x & 15) * 4;
-            *(float4*)(pp + t * HB_LDC + s) = t < cn ? *(const float4*)(pr + (size_t)t * HB_C + s) : z4;
-        }
-        const float* ur = u + ((size_t)h * n + c0) * HB_D + j0;
-        for (int x = tid; x < HB_C * HB_JW / 4; x += 256) {
-            const int t = x >> 3, j = (x & 7) * 4;
-            *(float4*)(ud + t * HB_LDJ + j) = t < cn ? *(const float4*)(ur + (size_t)t * HB_D + j) : z4;
-        }
-        if (tid < HB_C) gg[tid] = tid < cn ? gh[c0 + tid] : 0.0f;
-        hy_cp_wait<0>();
-        __syncthreads();
-        float xw[4][2], xq[4][2];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) xw[a][0] = xw[a][1] = xq[a][0] = xq[a][1] = 0.0f;
-        for (int i = 0; i < HB_D; i += 4) {
-            float4 wv[4], qv[4];
-            float2 sv[4];
-#pragma unroll
-            for (int a = 0; a < 4; ++a) {
-                wv[a] = *(const float4*)(ws + (4 * ty + a) * HB_LDK + i);
-                qv[a] = *(const float4*)(qs + (4 * ty + a) * HB_LDK + i);
-                sv[a] = *(const float2*)(ss + (i + a) * HB_JW + 2 * tx);
-            }
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-#pragma unroll
-                for (int a = 0; a < 4; ++a) {
-                    xw[a][0] = fmaf(hb_c4(wv[a], e), sv[e].x, xw[a][0]);
-                    xw[a][1] = fmaf(hb_c4(wv[a], e), sv[e].y, xw[a][1]);
-                    xq[a][0] = fmaf(hb_c4(qv[a], e), sv[e].x, xq[a][0]);
-                    xq[a][1] = fmaf(hb_c4(qv[a], e), sv[e].y, xq[a][1]);
-                }
-        }
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            float2* dp = (float2*)(ud + (4 * ty + a) * HB_LDJ + 2 * tx);
-            const float2 uv = *dp;
-            *dp = make_float2(uv.x - xw[a][0], uv.y - xw[a][1]);
-        }
-        __syncthreads();  // D complete; q, W and ss free
-        if (c0 + HB_C < n)
-            hb_fetch_qw(qb + (size_t)(c0 + HB_C) * cdim, w + ((size_t)h * n + c0 + HB_C) * HB_D,
-                        min(HB_C, n - c0 - HB_C), cdim, qs, ws);
-        float oa[4][2];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            const float e = expf(gg[4 * ty + a]);
-            oa[a][0] = e * xq[a][0];
-            oa[a][1] = e * xq[a][1];
-        }
-        const int send = 8 * (tid >> 5) + 8;  // past the warp's last row (rows 4 ty + a of two ty)
-        for (int s = 0; s < send; s += 4) {
-            float4 pv[4];
-            float2 dv[4];
-#pragma unroll
-            for (int a = 0; a < 4; ++a) {
-                pv[a] = *(const float4*)(pp + (4 * ty + a) * HB_LDC + s);
-                dv[a] = *(const float2*)(ud + (s + a) * HB_LDJ + 2 * tx);
-            }
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-#pragma unroll
-                for (int a = 0; a < 4; ++a) {
-                    oa[a][0] = fmaf(hb_c4(pv[a], e), dv[e].x, oa[a][0]);
-                    oa[a][1] = fmaf(hb_c4(pv[a], e), dv[e].y, oa[a][1]);
-                }
-        }
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            const int t = 4 * ty + a;
-            if (t < cn)
-                *(float2*)(o + (size_t)(c0 + t) * nv * HB_D + (size_t)h * HB_D + j0 + 2 * tx) =
-                    make_float2(oa[a][0], oa[a][1]);
-        }
-        const float dl = expf(gl);
-#pragma unroll
-        for (int a = 0; a < 8; ++a) {
-            sr[a][0] *= dl;
-            sr[a][1] *= dl;
-        }
-        for (int s = 0; s < cn; ++s) {
-            const float4 k0 = *(const float4*)(ks + s * HB_LDK + 8 * ty);
-            const float4 k1 = *(const float4*)(ks + s * HB_LDK + 8 * ty + 4);
-            const float2 dv = *(const float2*)(ud + s * HB_LDJ + 2 * tx);
-#pragma unroll
-            for (int a = 0; a < 4; ++a) {
-                sr[a][0] = fmaf(hb_c4(k0, a), dv.x, sr[a][0]);
-                sr[a][1] = fmaf(hb_c4(k0, a), dv.y, sr[a][1]);
-                sr[a + 4][0] = fmaf(hb_c4(k1, a), dv.x, sr[a + 4][0]);
-                sr[a + 4][1] = fmaf(hb_c4(k1, a), dv.y, sr[a + 4][1]);
-            }
-        }
-#pragma unroll
-        for (int a = 0; a < 8; ++a) *(float2*)(ss + (8 * ty + a) * HB_JW + 2 * tx) = make_float2(sr[a][0], sr[a][1]);
-    }
-#pragma unroll
-    for (int a = 0; a < 8; ++a) *(float2*)(sg + (size_t)(8 * ty + a) * HB_D) = make_float2(sr[a][0], sr[a][1]);
-}
+// The chunked delta rule (hy_gdn_wy, hy_gdn_chunk) is in hyb_gdn_chunk.cuh.
 
 // hy_gdn_out_h: gated RMSNorm of one head of one row to f16 (the out projection's GEMM operand):
 //   y = f16(o / sqrt(mean(o^2) + eps) * norm * silu(z)) (Qwen3.5: the plain norm weight).
@@ -575,14 +261,24 @@ extern "C" __global__ void hy_attn_out(const float* ao, const float* isum, const
 // hy_silu_pair_half: the FFN middle from the gate/up pair's GEMM rows gu [n][2 inter] (pair order:
 // 16-column tile t holds gate rows 8t .. 8t + 7, then the same up rows):
 //   mh[r][o] = f16(silu(gate_o) * up_o / 16), gate_o = gu[r][16 (o / 8) + o % 8], up_o the same + 8.
-// The 1/16 keeps large products inside f16's range; the down GEMM takes alpha 16.
-// Pointers: gu [n][2 inter] f32, mh [n][inter] f16 out. Grid ceil(n * inter / 256), block 256.
-// Assumes inter % 8 == 0.
+// The 1/16 keeps large products inside f16's range; the down GEMM takes alpha 16. Thread k makes
+// the 8 outputs of tile k % (inter / 8) of row k / (inter / 8): four 16-byte loads, one store.
+// Pointers: gu [n][2 inter] f32, mh [n][inter] f16 out, 16-byte aligned.
+// Grid ceil(n * inter / 8 / 256) (more threads return at once), block 256. Assumes inter % 8 == 0.
 extern "C" __global__ void hy_silu_pair_half(const float* gu, f16* mh, int inter, int n) {
     const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= (size_t)n * inter) return;
-    const size_t r = k / inter;
-    const int o = (int)(k % inter);
-    const float* row = gu + r * 2 * inter + (size_t)(o >> 3) * 16 + (o & 7);
-    mh[k] = f32_to_f16(siluf_(row[0]) * row[8] * 0.0625f);
+    const int tpr = inter >> 3;
+    if (k >= (size_t)n * tpr) return;
+    const size_t r = k / tpr;
+    const int t = (int)(k % tpr);
+    const float4* src = (const float4*)(gu + r * 2 * inter + (size_t)t * 16);
+    const float4 g0 = src[0], g1 = src[1], u0 = src[2], u1 = src[3];
+    const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    const float u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    u32 out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        out[j] = (u32)f32_to_f16(siluf_(g[2 * j]) * u[2 * j] * 0.0625f) |
+                 ((u32)f32_to_f16(siluf_(g[2 * j + 1]) * u[2 * j + 1] * 0.0625f) << 16);
+    *(uint4*)(mh + r * inter + (size_t)t * 8) = make_uint4(out[0], out[1], out[2], out[3]);
 }

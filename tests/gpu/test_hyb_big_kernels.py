@@ -1,11 +1,11 @@
-"""The prompt path's kernels (kernels/hyb_big.cuh) on a device against their numpy references
-(hybrid/kernels_big_ref.py) and the small path's (kernels_ref), on random data.
+"""The prompt path's kernels (kernels/hyb_big.cuh, hyb_gdn_chunk.cuh) on a device against their
+numpy references (hybrid/kernels_big_ref.py) and the small path's (kernels_ref), on random data.
 
 Tolerances: f16 outputs within one f16 rounding step of the reference's (their f32 inputs differ
 by a few f32 ulps: exp2f, expf, another summation order), the expansion at least 99.9% bit-equal;
 f32 glue relative RMS <= 1e-6 (the ring: bytes); the chunked delta rule against the serial scan
-<= 2e-5 (regrouped f32 sums); attention through cuBLAS's f16 GEMMs against exact attention
-<= 3e-3.
+<= 2e-5 (regrouped f32 sums, 3xTF32 products); attention through cuBLAS's f16 GEMMs against exact
+attention <= 3e-3.
 """
 
 import numpy as np
@@ -17,7 +17,7 @@ from cortiq_drv import knobs
 from cortiq_drv.cu import kargs
 from cortiq_drv.hybrid import kernels_big_ref as br
 from cortiq_drv.hybrid import kernels_ref as kr
-from cortiq_drv.hybrid.big import CHUNK_SMEM, WY_SMEM, attend
+from cortiq_drv.hybrid.big import CHUNK_SMEM, CHUNK_WARPS, WY_SMEM, attend
 from cortiq_drv.hybrid.repack import random_q4tp, repack_q4tp
 
 pytestmark = pytest.mark.gpu
@@ -128,23 +128,53 @@ def test_gdn_glue(ctx, kern, dev, n):
     assert rel_rms(dev.get(gb, F32, (n, 2 * nv)), br.gdn_gates(ab, c["a_log"], c["dt_bias"])) < 1e-6
 
 
-@pytest.mark.parametrize("n,nk,nv", [(1, 2, 4), (17, 2, 4), (64, 2, 4), (65, 1, 2), (300, 2, 4), (1000, 4, 8)])
-def test_gdn_wy_then_chunk_is_the_serial_scan(ctx, kern, dev, n, nk, nv):
-    c = gdn_case(n + 7, n, nk, nv)
-    cq_h, gb_h = kr.gdn_front(c["raw"], c["ring"], c["taps"], c["xn"], c["aw"], c["bw"], c["a_log"],
-                              c["dt_bias"], nk, 128)
-    o_want, s_want = kr.gdn_scan(cq_h, gb_h, c["s"], nk)
-    cq, s = dev.put(cq_h), dev.put(c["s"])
+def run_wy_chunk(ctx, kern, dev, cq, gb, s, n, cdim, nv, nk):
+    """hy_gdn_wy then hy_gdn_chunk over rows cq [n, cdim], gb [n, 2 nv] from the state buffer s
+    (updated in place) -> the device buffers (g, w, u, p, o)."""
+    cq = dev.put(cq)
     g, w, u, p = dev.new(nv * n * 4), dev.new(nv * n * 512), dev.new(nv * n * 512), dev.new(nv * n * 256)
     o = dev.new(n * nv * 128 * 4)
     ctx.launch(kern("hy_gdn_wy"), (-(-n // 64), nv), 256, WY_SMEM,
-               kargs("QQQQQQiiii", cq, dev.put(gb_h), g, w, u, p, n, c["cdim"], nv, nk))
-    ctx.launch(kern("hy_gdn_chunk"), (nv * 4, 1), 256, CHUNK_SMEM,
-               kargs("QQQQQQQiiii", cq, g, w, u, p, s, o, n, c["cdim"], nv, nk))
+               kargs("QQQQQQiiii", cq, dev.put(gb), g, w, u, p, n, cdim, nv, nk))
+    ctx.launch(kern("hy_gdn_chunk"), (nv * 4, 1), 32 * CHUNK_WARPS, CHUNK_SMEM,
+               kargs("QQQQQQQiiii", cq, g, w, u, p, s, o, n, cdim, nv, nk))
+    return g, w, u, p, o
+
+
+def gdn_rows(c, nk):
+    """The case's conv / norm / gate rows (cq, gb) as the glue kernels leave them."""
+    return kr.gdn_front(c["raw"], c["ring"], c["taps"], c["xn"], c["aw"], c["bw"], c["a_log"], c["dt_bias"], nk, 128)
+
+
+# many chunks with a short last one (1500 = 23 * 64 + 28) and the 9B shape's head ratio (nv = 2 nk)
+@pytest.mark.parametrize("n,nk,nv", [(1, 2, 4), (17, 2, 4), (64, 2, 4), (65, 1, 2), (300, 2, 4), (1000, 4, 8),
+                                     (1500, 2, 4)])
+def test_gdn_wy_then_chunk_is_the_serial_scan(ctx, kern, dev, n, nk, nv):
+    c = gdn_case(n + 7, n, nk, nv)
+    cq_h, gb_h = gdn_rows(c, nk)
+    o_want, s_want = kr.gdn_scan(cq_h, gb_h, c["s"], nk)
+    s = dev.put(c["s"])
+    g, w, u, p, o = run_wy_chunk(ctx, kern, dev, cq_h, gb_h, s, n, c["cdim"], nv, nk)
     for got, want, shape in zip((g, w, u, p), br.gdn_wy(cq_h, gb_h, nk, nv),
                                 ((nv, n), (nv, n, 128), (nv, n, 128), (nv, n, 64))):
         assert rel_rms(dev.get(got, F32, shape), want) < 1e-5
     assert rel_rms(dev.get(o, F32, (n, nv * 128)), o_want) < 2e-5
+    assert rel_rms(dev.get(s, F32, c["s"].shape), s_want) < 2e-5
+
+
+@pytest.mark.parametrize("n1,n2", [(100, 77), (64, 1), (37, 200)])
+def test_gdn_chunk_continues_its_state(ctx, kern, dev, n1, n2):
+    """Two calls (rows [0, n1), then [n1, n1 + n2) from the state the first left) against one
+    serial scan over all the rows: the state in and out of hy_gdn_chunk is the scan's."""
+    nk, nv = 2, 4
+    c = gdn_case(n1 * 1000 + n2, n1 + n2, nk, nv)
+    cq_h, gb_h = gdn_rows(c, nk)
+    o_want, s_want = kr.gdn_scan(cq_h, gb_h, c["s"], nk)
+    s = dev.put(c["s"])
+    *_, o1 = run_wy_chunk(ctx, kern, dev, cq_h[:n1], gb_h[:n1], s, n1, c["cdim"], nv, nk)
+    *_, o2 = run_wy_chunk(ctx, kern, dev, cq_h[n1:], gb_h[n1:], s, n2, c["cdim"], nv, nk)
+    got = np.concatenate([dev.get(o1, F32, (n1, nv * 128)), dev.get(o2, F32, (n2, nv * 128))])
+    assert rel_rms(got, o_want) < 2e-5
     assert rel_rms(dev.get(s, F32, c["s"].shape), s_want) < 2e-5
 
 

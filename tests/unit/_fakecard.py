@@ -133,6 +133,19 @@ class FakePinned:
         self.ptr = 0
 
 
+class FakeEvent:
+    """`Event`: records and waits count (the fake stream is always done)."""
+
+    def __init__(self):
+        self.records = self.syncs = 0
+
+    def record(self) -> None:
+        self.records += 1
+
+    def sync(self) -> None:
+        self.syncs += 1
+
+
 class FakeFunc:
     def __init__(self, name: str):
         self.name = name
@@ -240,6 +253,9 @@ class FakeCard:
     def pinned(self, nbytes):
         self.pins.append(FakePinned(nbytes))
         return self.pins[-1]
+
+    def event(self):
+        return FakeEvent()
 
     def is_pinned(self, host: np.ndarray) -> bool:
         """Do the bytes of the host array lie in live pinned memory?"""
