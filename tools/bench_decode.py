@@ -16,11 +16,16 @@ pick on the card: only the id and the residual row back). One line per shape:
   of a 4 GiB streaming read measured in the same run (`bench_kernels.read_bandwidth`),
   `floor_ms` = bytes / read bandwidth and `ratio` = floor_ms / ms_per_token (issue 6: >= 0.6 on 9b);
 - `graph_nodes`: the kernel launches one step records (counted in a direct step; a decode step
-  has no device copies).
+  has no device copies); `graph_launch_us`: the host time of one replay's launch (median).
+
+With --breakdown, two more lines per shape: `decode_kernels`, each kernel's microseconds in a step
+(every launch of a direct step recorded, then each replayed 10 times in a graph of its own), and
+`decode_host`, the token path's parts (microseconds a step, each timed by a wrapper) and
+cProfile's costliest functions over 32 steps (microseconds a step, own time).
 
 Then each matvec's TB/s at --rows rows (`bench_kernels.bench_matrix`, lines with bench "hy_mmp").
 Usage: python tools/bench_decode.py [--shapes 9b,27b] [--tokens 64] [--prompt 512] [--rows 1,4,8,16]
-       [--source file|mem] [--dir DIR] [--skip-matvec] [--out FILE.jsonl]
+       [--source file|mem] [--dir DIR] [--skip-matvec] [--breakdown] [--out FILE.jsonl]
 """
 
 from __future__ import annotations
@@ -45,17 +50,20 @@ KV_ID = 7
 
 
 class _Counting:
-    """A context that counts kernel launches and hands everything to the real one."""
+    """A context that counts kernel launches (and keeps them: (method, args)) and hands everything
+    to the real one."""
 
     def __init__(self, ctx):
-        self.__dict__.update(_ctx=ctx, launches=0)
+        self.__dict__.update(_ctx=ctx, launches=0, kept=[])
 
     def launch(self, *a) -> None:
         self.__dict__["launches"] += 1
+        self.kept.append(("launch", a))
         self._ctx.launch(*a)
 
     def launch_3d(self, *a) -> None:
         self.__dict__["launches"] += 1
+        self.kept.append(("launch_3d", a))
         self._ctx.launch_3d(*a)
 
     def __getattr__(self, name):
@@ -136,15 +144,22 @@ def _steps(hs, cmf, g, geo, pos0: int, n: int, rng, api_us: list | None = None) 
     return times
 
 
-def _device_ms(hs, cmf, g, reps: int) -> float | None:
-    """Milliseconds a replay of the one-row step's graph takes, back to back (None: no graph)."""
+def _device_ms(hs, cmf, g, reps: int) -> tuple:
+    """(milliseconds a replay of the one-row step's graph takes back to back, microseconds of host
+    time its launch takes after a sync, median of 16), (None, None) without a graph."""
     from cortiq_drv.cu import Event
     from cortiq_drv.hybrid.graphs import graph_key
 
     plan = hs.plans.get((cmf.uid, 0, len(g.layers), True))
     rec = None if plan is None else hs.graphs.get(graph_key(plan, KV_ID, 0, 1, False, True, (), True))
     if rec is None:
-        return None
+        return None, None
+    launch_ns = []
+    for _ in range(16):
+        hs.ctx.sync()
+        t0 = time.perf_counter_ns()
+        rec.launch()
+        launch_ns.append(time.perf_counter_ns() - t0)
     e0, e1 = Event(hs.ctx), Event(hs.ctx)
     try:
         rec.launch()
@@ -152,21 +167,90 @@ def _device_ms(hs, cmf, g, reps: int) -> float | None:
         for _ in range(reps):
             rec.launch()
         e1.record()
-        return e0.elapsed_ms(e1) / reps
+        return e0.elapsed_ms(e1) / reps, statistics.median(launch_ns) / 1e3
     finally:
         e0.close()
         e1.close()
 
 
-def _nodes(hs, cmf, g, geo, pos: int, rng) -> int:
-    """Kernel launches of one decode step, launched directly through a counting context."""
+def _nodes(hs, cmf, g, geo, pos: int, rng) -> _Counting:
+    """One decode step launched directly through a counting context (its launches kept)."""
     real, graphs = hs.ctx, hs.use_graphs
     hs.ctx, hs.use_graphs = _Counting(real), False
     try:
         _steps(hs, cmf, g, geo, pos, 1, rng)
-        return hs.ctx.launches
+        return hs.ctx
     finally:
         hs.ctx, hs.use_graphs = real, graphs
+
+
+def _kernel_us(ctx, kept, reps: int = 10) -> dict:
+    """Per kernel name: [launches in the step, microseconds they take], each launch timed as `reps`
+    copies of it in a graph of its own (states move: run it last)."""
+    from cortiq_drv.cu import Event, capture
+
+    out: dict = {}
+    e0, e1 = Event(ctx), Event(ctx)
+    for how, a in kept:
+        graph = capture(ctx, lambda: [getattr(ctx, how)(*a) for _ in range(reps)])
+        graph.launch()
+        e0.record()
+        for _ in range(3):
+            graph.launch()
+        e1.record()
+        us = e0.elapsed_ms(e1) * 1e3 / (3 * reps)
+        graph.close()
+        k, t = out.get(a[0].name, (0, 0.0))
+        out[a[0].name] = (k + 1, t + us)
+    e0.close()
+    e1.close()
+    return {name: [k, round(t, 1)] for name, (k, t) in sorted(out.items(), key=lambda x: -x[1][1])}
+
+
+def _host_profile(hs, cmf, g, geo, pos: int, rng, steps: int = 32) -> dict:
+    """cProfile over `steps` decode steps: the 16 costliest functions by own time, microseconds a
+    step."""
+    import cProfile
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    _steps(hs, cmf, g, geo, pos, steps, rng)
+    pr.disable()
+    st = pstats.Stats(pr).stats
+    top = sorted(st.items(), key=lambda x: -x[1][2])[:16]
+    return {f"{Path(f).name}:{ln}:{fn}": [v[1] // steps, round(v[2] * 1e6 / steps, 1)] for (f, ln, fn), v in top}
+
+
+def _host_sections(hs, cmf, g, geo, pos: int, rng, steps: int = 32) -> dict:
+    """Microseconds a step in each of the token path's parts (each timed by a wrapper, no
+    profiler), and `token` the whole step."""
+    from cortiq_drv.cu import driver
+    from cortiq_drv.hybrid import api, graphs
+
+    spots = [(api, "plan_for"), (api, "admit"), (graphs, "book"), (api, "_upload_row_pinned"),
+             (driver, "memcpy_htod_async"), (driver, "graph_launch"), (driver, "memcpy_dtoh_async"),
+             (driver, "stream_sync"), (api, "token")]
+    ns = {name: 0 for _, name in spots}
+    kept = [(m, name, getattr(m, name)) for m, name in spots]
+
+    def timed(name, fn):
+        def go(*a, **k):
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*a, **k)
+            finally:
+                ns[name] += time.perf_counter_ns() - t0
+        return go
+
+    for m, name, fn in kept:
+        setattr(m, name, timed(name, fn))
+    try:
+        _steps(hs, cmf, g, geo, pos, steps, rng)
+    finally:
+        for m, name, fn in kept:
+            setattr(m, name, fn)
+    return {name: round(t / steps / 1e3, 1) for name, t in ns.items()}
 
 
 def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
@@ -181,7 +265,7 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
     geo = card_geo(g)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
-    hs.kv_hint = a.prompt + a.warmup + a.tokens + 2
+    hs.kv_hint = a.prompt + a.warmup + a.tokens + 2 + (64 if a.breakdown else 0)
     _prompt(hs, cmf, g, geo, a.prompt, rng)
     plan_s = time.perf_counter() - t0
     rec0 = hs.counters.graph_rec
@@ -192,8 +276,8 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
     times = _steps(hs, cmf, g, geo, pos, a.tokens, rng, api_us)
     pos += a.tokens
     ms = statistics.median(times) * 1e3
-    dev = _device_ms(hs, cmf, g, max(a.tokens, 16))
-    nodes = _nodes(hs, cmf, g, geo, pos, rng)
+    dev, launch_us = _device_ms(hs, cmf, g, max(a.tokens, 16))
+    counted = _nodes(hs, cmf, g, geo, pos, rng)
     parts = step_bytes(g, pos - 1)
     total = sum(parts.values())
     floor_ms = total / (bw * 1e12) * 1e3
@@ -205,8 +289,15 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
               host_us_api=round(statistics.median(api_us), 1),
               bytes_per_token=total, bytes_parts=parts, read_tbps=round(bw, 3), floor_ms=round(floor_ms, 4),
               ratio=round(floor_ms / ms, 3), device_ratio=None if dev is None else round(floor_ms / dev, 3),
-              target_ratio=0.6 if label == "9b" else None, graph_nodes=nodes,
+              target_ratio=0.6 if label == "9b" else None, graph_nodes=counted.launches,
+              graph_launch_us=None if launch_us is None else round(launch_us, 1),
               graphs_recorded_in_steps=hs.counters.graph_rec - rec0, tok_s=round(1e3 / ms, 1)))
+    if a.breakdown:
+        emit(dict(bench="decode_host", shape=label, sections=_host_sections(hs, cmf, g, geo, pos + 1, rng),
+                  profile=_host_profile(hs, cmf, g, geo, pos + 33, rng)))
+        ks = _kernel_us(hs.ctx, counted.kept)
+        emit(dict(bench="decode_kernels", shape=label, total_us=round(sum(t for _, t in ks.values()), 1),
+                  kernels=ks))
     spec.reset(hs, KV_ID)
 
 
@@ -241,6 +332,7 @@ def main(argv=None) -> int:
     ap.add_argument("--source", choices=("file", "mem"), default="file")
     ap.add_argument("--dir", default=None, help="where model files go (default: a temporary directory)")
     ap.add_argument("--skip-matvec", action="store_true")
+    ap.add_argument("--breakdown", action="store_true", help="kernel times and a host profile of a step")
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     a = ap.parse_args(argv)
     a.rows = [int(v) for v in a.rows.split(",")]

@@ -25,6 +25,8 @@ from cortiq_drv.hybrid.state import NMAX
 
 # Past this many declines only the count grows (`CMF_CUDA_DEBUG` prints each).
 _DECLINES_KEPT = 256
+# Positions of a plan's RoPE block (`_rope_row`).
+ROPE_BLOCK = 256
 
 
 def wants(layers, nh: int, nkv: int, hd: int) -> bool:
@@ -56,6 +58,19 @@ def _upload_rows(plan, h: np.ndarray, positions) -> None:
         plan.rows.tab.upload_async(tab)
 
 
+def _rope_row(plan, position: int) -> np.ndarray:
+    """The RoPE row [half * 2] of `position`, out of the plan's block of ROPE_BLOCK positions (made
+    when the position leaves it): no trigonometry per token. numpy's float32 sin and cos give an
+    element the same bits whatever the array's length, so the row equals `rope_rows` of the
+    position alone, as a window's rows do."""
+    p0, rows = plan.rope or (-ROPE_BLOCK, None)
+    if not p0 <= position < p0 + ROPE_BLOCK:
+        p0 = position - position % ROPE_BLOCK
+        rows = rope_rows(plan.invf, range(p0, p0 + ROPE_BLOCK)).reshape(ROPE_BLOCK, -1)
+        plan.rope = (p0, rows)
+    return rows[position - p0]
+
+
 def _upload_row_pinned(hs, plan, h: np.ndarray, position: int) -> None:
     """`_upload_rows` for one row through pinned staging (`token`, which syncs before it returns)."""
     hin = hs.pin("h", np.float32, plan.hidden)
@@ -64,7 +79,7 @@ def _upload_row_pinned(hs, plan, h: np.ndarray, position: int) -> None:
     half = plan.invf.size
     if half:
         tab = hs.pin("tab", np.float32, 2 * half)
-        rope_rows(plan.invf, (position,), tab.reshape(1, half, 2))
+        tab[:] = _rope_row(plan, position)
         plan.rows.tab.upload_async(tab)
 
 

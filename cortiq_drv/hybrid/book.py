@@ -64,10 +64,9 @@ def scratch_sizes(nh: int, hd: int, keys_max: int, nbcap_max: int, kcap: int | N
             "hy_P": NMAX * nbc * nh * hd * 4, "hy_E": NMAX * nbc * nh * 4}
 
 
-def _scratch(hs, plan, recs: list, n: int, kcap: int) -> tuple:
-    """The attention scratch for the call records `recs` (8 words each), grown on demand."""
-    keys_max = max((r[0] for r in recs), default=-n) + n
-    nbcap_max = max((r[4] for r in recs), default=0)
+def _scratch(hs, plan, keys_max: int, nbcap_max: int, kcap: int) -> tuple:
+    """The attention scratch for records up to `keys_max` keys and `nbcap_max` blocks, grown on
+    demand."""
     sizes = scratch_sizes(plan.nh, plan.hd, keys_max, nbcap_max, kcap if hs.kcap else None)
     return tuple(hs.scr(name, nbytes) for name, nbytes in sizes.items())
 
@@ -79,15 +78,16 @@ def _advance(hs, plan, gdn, kv, views, lsig, pos0: int, n: int, tape: bool, kcap
     for _, gs in gdn:
         gs.next_pos = end
         gs.tape = tp
-    recs, last = [], None
+    recs, last, keys_max, nbcap_max = [], None, 0, 0
     for _, m in kv:
         # the attention layers of a stack hold the same rows: one record for them all
         if last is None or last[0] != m.stored:
             last = record(m.stored, n)
+            keys_max, nbcap_max = max(keys_max, last[0] + n), max(nbcap_max, last[4])
         recs.append(last)
         m.stored += n
     ci = np.array(recs, dtype=np.int32).reshape(-1)
-    return Book(views, ci, _scratch(hs, plan, recs, n, kcap), lsig)
+    return Book(views, ci, _scratch(hs, plan, keys_max, nbcap_max, kcap), lsig)
 
 
 def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, kcap: int) -> Book:

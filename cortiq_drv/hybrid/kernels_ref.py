@@ -68,6 +68,14 @@ def gdn_out(o: np.ndarray, z: np.ndarray, norm: np.ndarray, nv: int, eps: float,
     return y.reshape(n, -1)
 
 
+def gdn_scan_out(cq: np.ndarray, gb: np.ndarray, s: np.ndarray, nk: int, z: np.ndarray, norm: np.ndarray,
+                 eps: float, sig: bool = False, gemma: bool = False):
+    """`hy_gdn_scan4_out32`: `gdn_scan`, then `gdn_out` of its rows: (o, y [n, nv*dv], the state
+    after the rows)."""
+    o, s = gdn_scan(cq, gb, s, nk)
+    return o, gdn_out(o, z, norm, s.shape[0], eps, sig, gemma), s
+
+
 def attn_qk(q: np.ndarray, k: np.ndarray, v: np.ndarray, qn, kn, tab: np.ndarray, nh: int, hd: int,
             eps: float, gemma: bool, gated: bool):
     """`hy_qk`: q [n, qs], k, v [n, nkv*hd], tab [n, half, 2] (sin, cos) ->

@@ -148,6 +148,8 @@ class HPlan:
     rows: "RowBufs"
     # what the last full `hsig` comparison held, by identity (`plan_for`'s cheap compare)
     quick: tuple | None = None
+    # (first position, RoPE rows [ROPE_BLOCK][half * 2] f32) that `token` takes its row from (api.py)
+    rope: tuple | None = None
 
     @property
     def hpk(self) -> int:

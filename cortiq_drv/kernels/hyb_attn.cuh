@@ -115,20 +115,36 @@ extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, f
     const int E = HD / 32;
     for (int x = threadIdx.x; x < HPK * HD; x += blockDim.x) qsm[x / HD][x % HD] = qg[((size_t)r * nh + g * HPK) * HD + x];
     __syncthreads();
+    // the lane's dims of every head in registers where they fit (the same products as from
+    // shared memory), and fewer keys in flight where the heads take many registers
+    const bool QREG = HPK * E <= 64;
+    float qr[QREG ? HPK : 1][E];
+#pragma unroll
+    for (int i = 0; i < (QREG ? HPK : 0); ++i)
+#pragma unroll
+        for (int e = 0; e < E; ++e) qr[i][e] = qsm[i][l * E + e];
     float m[HPK];
 #pragma unroll
     for (int i = 0; i < HPK; ++i) m[i] = __int_as_float(0xff800000);
-    for (int t = t0 + w; t < t1; t += 8) {
-        float kf[E];
-        att_load_h(kp + ((size_t)t * nkv + g) * HD + l * E, kf);
+    // the warp's keys t0 + w, t0 + w + 8, ... in order, SKB of them loaded before any is used
+    // (past the block's last key the load repeats that key, unused: no branch between the loads)
+    const int SKB = HPK * E <= 32 ? 8 : (HPK * E <= 64 ? 4 : 1);
+    for (int t = t0 + w; t < t1; t += 8 * SKB) {
+        float kf[SKB][E];
 #pragma unroll
-        for (int i = 0; i < HPK; ++i) {
-            float p = 0.0f;
+        for (int u = 0; u < SKB; ++u) att_load_h(kp + ((size_t)min(t + 8 * u, t1 - 1) * nkv + g) * HD + l * E, kf[u]);
 #pragma unroll
-            for (int e = 0; e < E; ++e) p += qsm[i][l * E + e] * kf[e];
-            const float s = warp_sum(p) * scale;
-            m[i] = fmaxf(m[i], s);
-            if (l == (i & 31)) S[((size_t)r * nh + g * HPK + i) * ncap + t] = s;
+        for (int u = 0; u < SKB; ++u) {
+            if (t + 8 * u >= t1) break;
+#pragma unroll
+            for (int i = 0; i < HPK; ++i) {
+                float p = 0.0f;
+#pragma unroll
+                for (int e = 0; e < E; ++e) p += (QREG ? qr[QREG ? i : 0][e] : qsm[i][l * E + e]) * kf[u][e];
+                const float s = warp_sum(p) * scale;
+                m[i] = fmaxf(m[i], s);
+                if (l == (i & 31)) S[((size_t)r * nh + g * HPK + i) * ncap + t + 8 * u] = s;
+            }
         }
     }
     if (l == 0) {
@@ -146,14 +162,16 @@ extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, f
 // hy_values: for block b = r0 + blockIdx.x of row r = blockIdx.z, KV head g = blockIdx.y, each of
 // its HPK heads h: M = max over the row's blocks of Mx (and the far block when the record says),
 // P[r][b][h][d] = sum_t exp(S[r][h][t] - M) v_t[d], E[r][b][h] = sum_t exp(S[r][h][t] - M), keys
-// in ascending order, each sum by one thread. Keys go through shared memory 64 at a time.
+// in ascending order, each sum by one thread. Keys go through shared memory 64 at a time (their
+// exp weights and their value rows).
 // Pointers: vp f16 mirror [rows][nkv][HD]; S, Mx in, P, E out (header); ci or 0.
 // Grid (ATTN_NBLK, nkv, n), block 256 threads. Assumes HD <= 256: 256 / HD threads share a dim,
 // each taking every (256 / HD)-th head.
 extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16* vp, float* P, float* E, int n0, int r0,
                                      int nkv, int rb, int ncap, int nbcap, int n, const int* ci) {
-    const int TPD = 256 / HD, NI = (HPK + TPD - 1) / TPD;
+    const int TPD = 256 / HD, NI = (HPK + TPD - 1) / TPD, VQ = (64 * HD / 8 + 255) / 256;
     __shared__ float pm[HPK][64];
+    __shared__ __align__(16) u16 vs[64][HD];
     __shared__ float mx[HPK];
     int far = 0;
     if (ci) {
@@ -170,6 +188,8 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
     if (t < HPK) {
         const float* mrow = Mx + ((size_t)r * nh + g * HPK + t) * nbcap;
         float mm = mrow[0];
+        // unrolled: the block maxima's loads in flight together (a maximum in any order is the same)
+#pragma unroll 8
         for (int x = 1; x < nb; ++x) mm = fmaxf(mm, mrow[x]);
         if (far) mm = fmaxf(mm, mrow[nbcap - 1]);
         mx[t] = mm;
@@ -183,16 +203,29 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
     for (int c0 = b * rb; c0 < t1; c0 += 64) {
         const int cn = min(64, t1 - c0);
         __syncthreads();  // mx written; pm free again
-        for (int x = t; x < HPK * 64; x += blockDim.x) {
-            const int i = x / 64, tt = x % 64;
-            pm[i][tt] = tt < cn ? expf(srow[(size_t)i * ncap + c0 + tt] - mx[i]) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < (HPK * 64 + 255) / 256; ++k) {
+            const int x = t + k * 256, i = x / 64, tt = x % 64;
+            if (x < HPK * 64) pm[i][tt] = tt < cn ? expf(srow[(size_t)i * ncap + c0 + tt] - mx[i]) : 0.0f;
+        }
+        // the chunk's value rows into shared memory, 16 bytes a load, all of a thread's in flight
+        uint4 vb[VQ];
+#pragma unroll
+        for (int k = 0; k < VQ; ++k) {
+            const int x = t + k * 256, tt = x / (HD / 8);
+            if (tt < cn) vb[k] = *(const uint4*)(vp + ((size_t)(c0 + tt) * nkv + g) * HD + (x % (HD / 8)) * 8);
+        }
+#pragma unroll
+        for (int k = 0; k < VQ; ++k) {
+            const int x = t + k * 256, tt = x / (HD / 8);
+            if (tt < cn) *(uint4*)&vs[tt][(x % (HD / 8)) * 8] = vb[k];
         }
         __syncthreads();
         if (t < HPK)
             for (int tt = 0; tt < cn; ++tt) esum += pm[t][tt];
         if (grp < TPD) {
             for (int tt = 0; tt < cn; ++tt) {
-                const float vv = f16_to_f32(vp[((size_t)(c0 + tt) * nkv + g) * HD + d]);
+                const float vv = f16_to_f32(vs[tt][d]);
 #pragma unroll
                 for (int x = 0; x < NI; ++x)
                     if (grp + x * TPD < HPK) acc[x] += pm[grp + x * TPD][tt] * vv;
@@ -225,12 +258,15 @@ extern "C" __global__ void hy_finish(const float* P, const float* E, const float
     const int r = blockIdx.y, h = blockIdx.x;
     const int nb = (n0 + r + 1 + rb - 1) / rb;
     const float* er = E + (size_t)r * nbcap * nh + h;
+    // the sums in block order, unrolled so that their loads are in flight together
     float den = 0.0f;
+#pragma unroll 8
     for (int b = 0; b < nb; ++b) den += er[(size_t)b * nh];
     if (far) den += er[(size_t)(nbcap - 1) * nh];
     for (int d = threadIdx.x; d < HD; d += blockDim.x) {
         const float* pr = P + ((size_t)r * nbcap * nh + h) * HD + d;
         float num = 0.0f;
+#pragma unroll 8
         for (int b = 0; b < nb; ++b) num += pr[(size_t)b * nh * HD];
         if (far) num += pr[(size_t)(nbcap - 1) * nh * HD];
         float y = num / den;
@@ -239,30 +275,53 @@ extern "C" __global__ void hy_finish(const float* P, const float* E, const float
     }
 }
 
+// The running (best, idx) of hy_argmax after value v at index c: the larger value, the lower index
+// among equals, NaN never taken. The pick does not depend on the order values come in.
+__device__ __forceinline__ void argmax_take(float v, int c, float& best, int& idx) {
+    if (v > best || (v == best && c < idx)) {
+        best = v;
+        idx = c;
+    }
+}
+
 // hy_argmax: out[off + r] = the index of the largest of logits[r][0 .. rows), the lowest index
 // among equals (NaN never wins; a row of NaN gives 0). Pointers: logits [b][stride] f32; out i32.
-// Grid (b, 1), block 1024 threads.
-extern "C" __global__ void hy_argmax(const float* logits, int rows, int stride, int* out, int off) {
+// Grid (b, 1), block 1024 threads. The row is read in 16-byte loads, eight in flight a thread
+// (the columns before the first 16-byte boundary and after the last one singly).
+extern "C" __global__ void __launch_bounds__(1024)
+    hy_argmax(const float* logits, int rows, int stride, int* out, int off) {
     __shared__ float bv[32];
     __shared__ int bi[32];
     const float* x = logits + (size_t)blockIdx.x * stride;
+    const int bd = blockDim.x;
     float best = __int_as_float(0xff800000);
     int idx = 0x7fffffff;
-    for (int c = threadIdx.x; c < rows; c += blockDim.x) {
-        const float v = x[c];
-        if (v > best || (v == best && c < idx)) {
-            best = v;
-            idx = c;
+    const size_t addr = (size_t)x;
+    const int a0 = (addr & 3) ? rows : min(rows, (int)((16 - (addr & 15)) & 15) / 4);
+    const int nq = (rows - a0) / 4;
+    const float4* x4 = (const float4*)(x + a0);
+    for (int c = threadIdx.x; c < a0; c += bd) argmax_take(x[c], c, best, idx);
+    for (int q = threadIdx.x; q < nq; q += 8 * bd) {
+        float4 v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            if (q + e * bd < nq) v[e] = x4[q + e * bd];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            if (q + e * bd < nq) {
+                const int c = a0 + 4 * (q + e * bd);
+                argmax_take(v[e].x, c, best, idx);
+                argmax_take(v[e].y, c + 1, best, idx);
+                argmax_take(v[e].z, c + 2, best, idx);
+                argmax_take(v[e].w, c + 3, best, idx);
+            }
         }
     }
-#pragma unroll
+    for (int c = a0 + 4 * nq + threadIdx.x; c < rows; c += bd) argmax_take(x[c], c, best, idx);
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, best, o);
         const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (ov > best || (ov == best && oi < idx)) {
-            best = ov;
-            idx = oi;
-        }
+        argmax_take(ov, oi, best, idx);
     }
     if ((threadIdx.x & 31) == 0) {
         bv[threadIdx.x >> 5] = best;
@@ -270,12 +329,7 @@ extern "C" __global__ void hy_argmax(const float* logits, int rows, int stride, 
     }
     __syncthreads();
     if (threadIdx.x != 0) return;
-    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
-        if (bv[w] > best || (bv[w] == best && bi[w] < idx)) {
-            best = bv[w];
-            idx = bi[w];
-        }
-    }
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) argmax_take(bv[w], bi[w], best, idx);
     out[off + blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
 }
 

@@ -1,7 +1,8 @@
 // Gated DeltaNet kernels of the small path (the reference's hy_gdn_*), docs/MODEL.md "Gated
 // DeltaNet" in this order: front (conv over the ring + SiLU, q/k L2 norms, gates), scan (delta rule
-// over the window's rows, conv ring moved), out32 (gated RMSNorm into the matvec planes), and the
-// restore kernels a verify window's partial acceptance runs.
+// over the window's rows, conv ring moved), out32 (gated RMSNorm into the matvec planes),
+// scan4_out32 (the column scan and out32 in one launch, where dv <= 128), and the restore kernels a
+// verify window's partial acceptance runs.
 //
 // Shared layouts (f32, row-major, one layer):
 //   raw   [n][qs]          the in_proj_qkv rows [q (nk*dk) | k (nk*dk) | v (nv*dv)], cdim = 2*nk*dk + nv*dv
@@ -63,10 +64,12 @@ extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* r
         const bool on = t < dk;
         float acc = 0.0f;
         if (on) {
+            // the taps' loads first (unrolled: one memory latency, not kk), then the sum in tap order
+#pragma unroll 4
             for (int j = 0; j < kk; ++j) {
-                int m = r - (kk - 1) + j;
-                float x = m >= 0 ? qkv[(size_t)m * qs + c] : ring[(size_t)(kk - 1 + m) * cdim + c];
-                acc += taps[(size_t)c * kk + j] * x;
+                const int m = r - (kk - 1) + j;
+                const float* src = m >= 0 ? qkv + (size_t)m * qs : ring + (size_t)(kk - 1 + m) * cdim;
+                acc += taps[(size_t)c * kk + j] * src[c];
             }
         }
         float y = on ? siluf_(acc) : 0.0f;
@@ -82,8 +85,21 @@ extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* r
     const bool is_b = u - units >= nv;
     const float* w = (is_b ? bw : aw) + (size_t)h * hidden;
     const float* x = xn + (size_t)r * hidden;
+    const int bd = blockDim.x;
+    // thread t's products in column order t, t + bd, ...: eight columns' loads in flight at a time
     float p = 0.0f;
-    for (int c = t; c < hidden; c += blockDim.x) p += x[c] * w[c];
+    int c = t;
+    for (; c + 7 * bd < hidden; c += 8 * bd) {
+        float xv[8], wv[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            xv[e] = x[c + e * bd];
+            wv[e] = w[c + e * bd];
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) p += xv[e] * wv[e];
+    }
+    for (; c < hidden; c += bd) p += x[c] * w[c];
     float dot = hy_block_sum(p, red);
     if (t != 0) return;
     if (is_b) {
@@ -98,16 +114,18 @@ extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* r
 //   S = decay * S; kv = k . S[:, j]; delta = (v_j - kv) * beta; S[:, j] += k * delta; o_j = q . S[:, j]
 // with the state's key rows split over threads as each describes.
 
-// The column scan (dk = 128): 32 value columns of one head a block of 128 threads; thread (warp w,
+// The column scan (dk = 128): 32 value columns of one head a group of 128 threads; thread (warp w,
 // lane l) holds S[h][32w .. 32w+31][j0 + l] in registers over every row; the four warps' partial
-// sums meet in shared memory, added in warp order.
+// sums meet in shared memory, added in warp order. Group c = threadIdx.x / 128 of the block (at most
+// four) takes column block blk + c, within one head.
 __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, const float* s_in, float* s_out,
                                           float* save, float* o, int n, int cdim, int nv, int nk, int dv,
                                           int blk) {
     const int DK = 128;
     __shared__ float kq[2][2][DK];  // [row parity][k | q][i]
-    __shared__ float red[2][4][32];  // [kv | o][warp][lane]
-    const int t = threadIdx.x, w = t >> 5, l = t & 31;
+    __shared__ float red[4][2][4][32];  // [group][kv | o][warp][lane]
+    const int t = threadIdx.x & 127, c = threadIdx.x >> 7, w = t >> 5, l = t & 31;
+    blk += c;
     const int h = blk / (dv / 32), j = (blk % (dv / 32)) * 32 + l;
     const int hk = h / (nv / nk);
     const size_t base = ((size_t)h * DK + w * 32) * dv + j;
@@ -121,8 +139,10 @@ __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, cons
     for (int r = 0; r < n; ++r) {
         const float* row = cq + (size_t)r * cdim;
         float(*kb)[DK] = kq[r & 1];
-        kb[0][t] = row[nk * DK + hk * DK + t];
-        kb[1][t] = row[hk * DK + t];
+        if (threadIdx.x < DK) {
+            kb[0][t] = row[nk * DK + hk * DK + t];
+            kb[1][t] = row[hk * DK + t];
+        }
         const float decay = gb[(size_t)r * 2 * nv + h], beta = gb[(size_t)r * 2 * nv + nv + h];
         const float v = row[2 * nk * DK + h * dv + j];
         __syncthreads();
@@ -132,9 +152,10 @@ __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, cons
             s[i] = decay * s[i];
             p += kb[0][w * 32 + i] * s[i];
         }
-        red[0][w][l] = p;
+        float(*rc)[4][32] = red[c];
+        rc[0][w][l] = p;
         __syncthreads();
-        const float kv = red[0][0][l] + red[0][1][l] + red[0][2][l] + red[0][3][l];
+        const float kv = rc[0][0][l] + rc[0][1][l] + rc[0][2][l] + rc[0][3][l];
         const float d = (v - kv) * beta;
         float q = 0.0f;
 #pragma unroll
@@ -142,9 +163,9 @@ __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, cons
             s[i] = s[i] + kb[0][w * 32 + i] * d;
             q += kb[1][w * 32 + i] * s[i];
         }
-        red[1][w][l] = q;
+        rc[1][w][l] = q;
         __syncthreads();
-        if (o && w == 0) o[(size_t)r * nv * dv + h * dv + j] = red[1][0][l] + red[1][1][l] + red[1][2][l] + red[1][3][l];
+        if (o && w == 0) o[(size_t)r * nv * dv + h * dv + j] = rc[1][0][l] + rc[1][1][l] + rc[1][2][l] + rc[1][3][l];
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) s_out[base + (size_t)i * dv] = s[i];
@@ -244,6 +265,48 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
     const float y = x / sqrtf(ms + eps) * wn * (sig ? sigmoidf_(zz) : siluf_(zz));
     of[at] = y;
     put3(p0, p1, p2, (size_t)r * ps + h * dv + j, y);
+}
+
+// hy_gdn_scan4_out32: hy_gdn_scan4 and then hy_gdn_out32 in one launch, one block a value head, the
+// same bits as the two. Blocks x < nv: head x's dv columns (group c of 128 threads takes columns
+// 32c .. 32c + 31, as hy_gdn_scan4's block x * dv / 32 + c does), S updated in place, o written, the
+// tape's state copy when save != 0; then the head's gated RMSNorm of each row as hy_gdn_out32 takes
+// it (dv threads a row, blockDim / dv rows at a time). Blocks x >= nv (ceil(cdim / blockDim) of them,
+// only when kk > 1) move the conv ring.
+// Pointers: hy_gdn_scan4's (cq .. save), then hy_gdn_out32's (z .. ps; o is the scan's).
+// Grid (nv + ring blocks, 1), block 4 * dv threads. Assumes dv % 32 == 0, dv <= 128, nv % nk == 0.
+extern "C" __global__ void __launch_bounds__(512)
+    hy_gdn_scan4_out32(const float* cq, const float* gb, float* S, float* o, int n, int cdim, int nv, int nk, int dv,
+                       float* ring, const float* qkv, int qs, int kk, float* save, const float* z, int zs,
+                       const float* norm, float* of, float eps, int sig, int gemma, bf16* p0, bf16* p1, bf16* p2,
+                       int ps) {
+    __shared__ float ored[16];
+    if ((int)blockIdx.x >= nv) {
+        if (ring) gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nv) * blockDim.x + threadIdx.x);
+        return;
+    }
+    const int h = blockIdx.x, j = threadIdx.x % dv, rr = threadIdx.x / dv, per = blockDim.x / dv;
+    gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, h * (dv / 32));
+    __syncthreads();  // the head's o rows, written by the block
+    for (int r0 = 0; r0 < n; r0 += per) {
+        const int r = r0 + rr;
+        const size_t at = (size_t)r * nv * dv + h * dv + j;
+        const float x = r < n ? o[at] : 0.0f;
+        // hy_block_sum over the row's dv threads: warp butterflies, then the row's warps in order
+        const float ws = warp_sum(x * x);
+        __syncthreads();  // ored may still be read by the previous rows
+        if ((threadIdx.x & 31) == 0) ored[threadIdx.x >> 5] = ws;
+        __syncthreads();
+        float ss = 0.0f;
+        for (int w = 0; w < dv / 32; ++w) ss += ored[rr * (dv / 32) + w];
+        if (r >= n) continue;
+        const float ms = ss / (float)dv;
+        const float zz = z[(size_t)r * zs + h * dv + j];
+        const float wn = gemma ? 1.0f + norm[j] : norm[j];
+        const float y = x / sqrtf(ms + eps) * wn * (sig ? sigmoidf_(zz) : siluf_(zz));
+        of[at] = y;
+        put3(p0, p1, p2, (size_t)r * ps + h * dv + j, y);
+    }
 }
 
 // The restore table of `spec_restore`: 7 pointers a layer, in this order.

@@ -208,6 +208,52 @@ def test_gdn_out32(ctx, kern, dev, sig, gemma):
         assert (g[:, nv * dv:] == 0xFFFF).all()
 
 
+@pytest.mark.parametrize("n,kk,dv,tape", [(1, 4, 128, False), (7, 4, 128, True), (16, 4, 128, True),
+                                          (3, 1, 128, False), (5, 4, 64, True)])
+def test_gdn_scan4_out32_is_scan4_then_out32(ctx, kern, dev, n, kk, dv, tape):
+    """The one-launch scan and gated norm: the bytes of hy_gdn_scan4 then hy_gdn_out32 (o, S, the
+    ring, the tape's state copy, of, the planes and nothing past their columns)."""
+    p, s0, g = gdn_case(300 + n, n, dv=dv, kk=kk)
+    cq, gb = kr.gdn_front(**p, nk=g["nk"], dk=128)
+    rng = np.random.default_rng(n)
+    nv, eps = g["nv"], 1e-6
+    zs, ps = nv * dv + 32, nv * dv + 64
+    z, norm = rng.standard_normal((n, nv * dv)).astype(F32), rng.standard_normal(dv).astype(F32)
+    zb, nb = dev.put(padded(z, zs)), dev.put(norm)
+    outs = []
+    for fused in (False, True):
+        lay = GdnLayer(dev, p, s0, g)
+        lay.rows(p["qkv"], p["xn"])
+        lay.cq.upload(cq)
+        lay.gb.upload(gb)
+        of = dev.new(n * nv * dv * 4)
+        planes = [dev.new(n * ps * 2, 0xFF) for _ in range(3)]
+        save = lay.s_save if tape else None
+        if fused:
+            rb = -(-g["cdim"] // (4 * dv)) if kk > 1 else 0
+            ctx.launch(kern("hy_gdn_scan4_out32"), (nv + rb, 1), 4 * dv, 0,
+                       kargs("QQQQiiiiiQQiiQQiQQfiiQQQi", lay.cq, lay.gb, lay.s, lay.o, n, g["cdim"], nv, g["nk"],
+                             dv, lay.ring if kk > 1 else None, lay.qkv, g["qs"], kk, save, zb, zs, nb, of, eps, 0,
+                             0, *planes, ps))
+        else:
+            lay.scan(kern, ctx, n, True, save=save)
+            ctx.launch(kern("hy_gdn_out32"), (n * nv, 1), dv, 0,
+                       kargs("QQiQQiifiiQQQi", lay.o, zb, zs, nb, of, nv, dv, eps, 0, 0, *planes, ps))
+        got = lay.read(n)
+        got["of"] = of.to_host(F32, (n, nv * dv))
+        got["planes"] = b"".join(pl.to_host().tobytes() for pl in planes)
+        got["save"] = lay.s_save.to_host(F32) if tape else s0
+        outs.append(got)
+    two, one = outs
+    for k in ("o", "s", "ring", "of", "save"):
+        assert one[k].tobytes() == two[k].tobytes(), k
+    assert one["planes"] == two["planes"]
+    assert one["save"].tobytes() == s0.tobytes()
+    o, y, s = kr.gdn_scan_out(cq, gb, s0, g["nk"], z, norm, eps)
+    assert rel_rms(one["o"], o) < 1e-5 and rel_rms(one["of"], y) < 1e-5
+    assert rel_rms(one["s"], s.reshape(-1)) < 1e-5
+
+
 # ---- attention -------------------------------------------------------------------------------
 
 def attn_rb(keys):

@@ -101,7 +101,7 @@ def test_launch_sequence_and_argument_lists(hyb_tiny):
     ctx.launches.clear()
     _call(hs, p, g, 1, 0, 2, tape=True)
     names = [l.name for l in ctx.launches]
-    gdn = ["hy_rmsnorm2", "hy_mmp", "hy_gdn_front", "hy_gdn_scan4", "hy_gdn_out32", "hy_mmp"]
+    gdn = ["hy_rmsnorm2", "hy_mmp", "hy_gdn_front", "hy_gdn_scan4_out32", "hy_mmp"]
     attn = ["hy_rmsnorm2", "hy_mmp", "hy_qk", "hy_scores", "hy_values", "hy_finish", "hy_mmp"]
     ffn = ["hy_rmsnorm2", "hy_mmp", "hy_mmp"]
     assert names == (gdn + ffn) * 3 + attn + ffn + ["hy_rmsnorm2", "hy_mmp"]
@@ -112,12 +112,12 @@ def test_launch_sequence_and_argument_lists(hyb_tiny):
     by = {l.name: l for l in ctx.launches}
     cdim = 2 * 2 * 128 + 4 * 128
     assert by["hy_gdn_front"].grid == (cdim // 128 + 8, 2) and by["hy_gdn_front"].block == 128
-    assert by["hy_gdn_scan4"].grid == (4 * 128 // 32 + cdim // 128, 1)
-    assert by["hy_gdn_out32"].grid == (2 * 4, 1) and by["hy_gdn_out32"].block == 128
+    # the column scan and the gated norm in one launch: a block (4 * dv threads) a value head
+    assert by["hy_gdn_scan4_out32"].grid == (4 + cdim // 512, 1) and by["hy_gdn_scan4_out32"].block == 512
     assert by["hy_qk"].grid == (g.nh + g.nkv, 2) and by["hy_qk"].block == g.hd
     assert by["hy_scores"].grid == (129, g.nkv, 2) and by["hy_finish"].grid == (g.nh, 2)
-    # the tape's state copy is the column scan's own (its last argument), not a device copy
-    assert int.from_bytes(by["hy_gdn_scan4"].args[-1], "little") == hs.gdn[(1, 2)].s_save.ptr
+    # the tape's state copy is the column scan's own (its 14th argument), not a device copy
+    assert int.from_bytes(by["hy_gdn_scan4_out32"].args[13], "little") == hs.gdn[(1, 2)].s_save.ptr
     # the call record address: plan.ci, the first (only) attention layer
     assert int.from_bytes(by["hy_scores"].args[-1], "little") == p.ci.ptr
     assert p.ci.read(np.int32, 8).tolist() == [0, 0, 64, 4096, 64, 0, 0, 0]

@@ -205,3 +205,19 @@ def test_greedy_verify_window_picks_in_the_graph(hyb_tiny):
     assert card.captures == caps + 1
     graph = hs.graphs[max(hs.graphs, key=lambda k: k[3])]
     assert graph.graph.nodes[-1].name == "hy_argmax" and graph.graph.nodes[-1].grid == (4, 1)
+
+
+def test_token_rope_row_is_the_positions_own():
+    """`token` takes its RoPE row from the plan's block of positions: the bytes `rope_rows` gives
+    that position alone (and a window's rows), across block edges and far positions."""
+    from types import SimpleNamespace
+
+    from cortiq_drv.hybrid.launch import rope_rows
+
+    invf = (1.0 / 1e7 ** (np.arange(0, 64, 2, dtype=np.float32) / 64)).astype(np.float32)
+    plan = SimpleNamespace(invf=invf, rope=None)
+    for pos in [0, 1, 255, 256, 257, 511, 3, 70000, 262143, 262144, 1 << 20]:
+        row = api._rope_row(plan, pos)
+        assert row.tobytes() == rope_rows(invf, (pos,)).tobytes(), pos
+        assert row.tobytes() == rope_rows(invf, range(pos, pos + 5))[0].tobytes(), pos
+        assert plan.rope[0] <= pos < plan.rope[0] + api.ROPE_BLOCK

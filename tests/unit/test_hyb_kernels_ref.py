@@ -263,9 +263,9 @@ def test_to_half_rounds_to_nearest_even():
     assert kr.to_half(x).tolist() == [0x3C00, 0x3C00, 0x3C02, 0x7C00, 0x8000]
 
 
-_SMALL = ("hy_gdn_front", "hy_gdn_scan", "hy_gdn_scan4", "hy_gdn_out32", "hy_gdn_restore_scan",
-          "hy_gdn_restore_scan4", "hy_gdn_restore_ring", "hy_qk", "hy_scores", "hy_values",
-          "hy_finish", "hy_argmax", "hy_embed_gather", "hy_to_half")
+_SMALL = ("hy_gdn_front", "hy_gdn_scan", "hy_gdn_scan4", "hy_gdn_out32", "hy_gdn_scan4_out32",
+          "hy_gdn_restore_scan", "hy_gdn_restore_scan4", "hy_gdn_restore_ring", "hy_qk", "hy_scores",
+          "hy_values", "hy_finish", "hy_argmax", "hy_embed_gather", "hy_to_half")
 
 
 @pytest.mark.parametrize("hpk,hd", [(1, 64), (2, 128), (4, 256), (8, 64), (16, 128), (16, 256)])
