@@ -17,7 +17,8 @@ import numpy as np
 from cortiq_drv.errors import CortiqError
 from cortiq_drv.graph import GraphAttn
 from cortiq_drv.hybrid.plan import GdnL
-from cortiq_drv.hybrid.state import NMAX, GdnState, KvMirror, round_up
+from cortiq_drv.cmf.layout import round_up
+from cortiq_drv.hybrid.state import NMAX, GdnState, KvMirror
 
 
 def sync_half(hs, m: KvMirror, cpu_k, cpu_v, cpu_base: int, nkv: int, hd: int, upto: int) -> bool:

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from cortiq_drv import knobs
+from cortiq_drv.cmf.layout import round_up
 from cortiq_drv.errors import CortiqError, Declined
 from cortiq_drv.hybrid.mats import vram_budget
 from cortiq_drv.hybrid.plan import GdnL
-from cortiq_drv.hybrid.state import round_up
 
 WHAT = "hybrid prompt path"
 # One attention pass's scores (key rows x query rows x heads x 4 bytes) stay under this...

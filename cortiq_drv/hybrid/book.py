@@ -14,7 +14,8 @@ import numpy as np
 
 from cortiq_drv.errors import CortiqError
 from cortiq_drv.hybrid.plan import GdnL
-from cortiq_drv.hybrid.state import NMAX, round_up
+from cortiq_drv.cmf.layout import round_up
+from cortiq_drv.hybrid.state import NMAX
 
 # Key blocks the attention grid covers: every count `attn_rb` allows (keys / rb <= 128).
 ATTN_NBLK = 129

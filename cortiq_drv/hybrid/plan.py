@@ -16,12 +16,13 @@ from operator import is_
 
 import numpy as np
 
+from cortiq_drv.cmf.layout import round_up
 from cortiq_drv.cu.args import kargs
 from cortiq_drv.errors import CortiqError, Declined
 from cortiq_drv.graph import KIND_F32, GraphAttn, GraphW
 from cortiq_drv.hybrid.mma import KIND_Q4TP, JobSpec, Planes
 from cortiq_drv.hybrid.repack import planes_bytes
-from cortiq_drv.hybrid.state import NMAX, fp_f32, round_up
+from cortiq_drv.hybrid.state import NMAX, fp_f32
 
 _PLAN_ID = itertools.count(1)
 WHAT = "hybrid plan"

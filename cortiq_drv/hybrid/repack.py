@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from cortiq_drv.cmf import f16, q4tp
+from cortiq_drv.cmf.layout import round_up
 from cortiq_drv.cu import Buf
 from cortiq_drv.cu.args import kargs
 from cortiq_drv.errors import CortiqError
@@ -35,10 +36,6 @@ _ROW = (_LANE[:, None, None] >> 2) + 8 * (np.arange(4)[None, None, :] & 1) + 0 *
 _WORD = 2 * np.arange(2)[None, :, None] + (np.arange(4)[None, None, :] >> 1) + 0 * _LANE[:, None, None]
 _SHIFT = (8 * (_LANE & 3)).astype(np.uint32)[:, None, None]
 _M4 = (4 * np.arange(4)).astype(np.uint32)
-
-
-def _round_up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
 
 
 def identity_map(r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -148,16 +145,16 @@ def random_q4tp(rows: int, cols: int, rng: np.random.Generator) -> bytes:
 def planes_bytes(rows: int, cols: int) -> int:
     """The bytes `mat_planes` takes for a rows x cols matrix (`planes_bytes`)."""
     ntile, gpr = -(-rows // TILE), cols // GROUP
-    cc_at = _round_up(ntile * gpr * 256, 256)
-    lad_at = _round_up(cc_at + ntile * gpr * 16, 256)
-    return _round_up(lad_at + rows * 8 + 64, 256)
+    cc_at = round_up(ntile * gpr * 256, 256)
+    lad_at = round_up(cc_at + ntile * gpr * 16, 256)
+    return round_up(lad_at + rows * 8 + 64, 256)
 
 
 def mat_planes(ctx, t_bytes: int, cc_bytes: int, lad: np.ndarray, arena=None):
     """A repacked matrix's planes (tiles, codes, ladders) in one allocation, from `arena` when it
     has room (`mat_planes`): (all, codes view, ladders view); the ladders are uploaded here."""
-    cc_at = _round_up(t_bytes, 256)
-    lad_at = _round_up(cc_at + cc_bytes, 256)
+    cc_at = round_up(t_bytes, 256)
+    lad_at = round_up(cc_at + cc_bytes, 256)
     lad_bytes = lad.nbytes + 64
     total = lad_at + lad_bytes
     if arena is not None and arena.fits(total):

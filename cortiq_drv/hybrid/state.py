@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cortiq_drv import knobs
+from cortiq_drv.cmf.layout import round_up
 from cortiq_drv.cu import Buf, Event, Pinned, capture
 from cortiq_drv.cu.nvrtc import compile_cubin, load
 from cortiq_drv.hybrid import mma
@@ -29,10 +30,6 @@ from cortiq_drv.kernels import source
 NMAX = mma.NMAX
 # K/V mirror capacity grows in steps of this many rows (at least doubling).
 MIRROR_STEP = 1024
-
-
-def round_up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
 
 
 class Card:
