@@ -25,7 +25,7 @@ from cortiq_drv import knobs
 from cortiq_drv.blas import Gemm
 from cortiq_drv.cu.args import kargs
 from cortiq_drv.errors import CortiqError
-from cortiq_drv.hybrid.bigfit import BigCfg, Fit, att_passes, configured, pieces, score_bytes, wd_elems
+from cortiq_drv.hybrid.bigfit import SCAN_ROWS, BigCfg, Fit, att_passes, configured, need, pieces, score_bytes, wd_elems
 from cortiq_drv.hybrid.mma import KIND_Q4TP, dev_ptr
 from cortiq_drv.hybrid.launch import rope_rows
 from cortiq_drv.hybrid.plan import GdnL
@@ -35,9 +35,8 @@ STAGE_PIECE = 4 << 20
 STAGE_THREADS = 4
 # Stages of CMF_CUDA_PROF=1 on the prompt path, summed over its chunks.
 BSTAGES = ("norms", "expand", "gemm", "gdn glue", "gdn scan", "attention", "act", "copies")
-# Rows a chunk of the GDN scan, and the dynamic shared memory of hy_gdn_wy and hy_gdn_chunk
-# (HB_C, HB_WY_SMEM, HB_CHUNK_SMEM of hyb_gdn_chunk.cuh).
-GDN_C = 64
+# The dynamic shared memory of hy_gdn_wy and hy_gdn_chunk (HB_WY_SMEM, HB_CHUNK_SMEM of
+# hyb_gdn_chunk.cuh; its HB_C rows a chunk are bigfit.SCAN_ROWS).
 WY_SMEM = (2 * 64 * 132 + 64 * 68 + 2 * 64) * 4
 CHUNK_SMEM = (2 * 64 * 132 + 64 * 136 + 64 * 68 + 64 * 36 + 128 * 40 + 2 * 64 * 40 + 2 * 64) * 4
 # Warps a block of hy_gdn_chunk (HB_CW).
@@ -142,18 +141,18 @@ class _Mul:
             self.st.mark(2)
 
 
-def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages) -> None:
+def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages, scr) -> None:
     """A GDN layer over the chunk: qkv, z and a / b, the glue, the chunked scan (the state at
     the chunk's end), the gated norm, out added to the residual."""
     ctx, fx, hidden = hs.ctx, plan.fx, plan.hidden
     vd = g.nv * g.dv
-    yq = hs.scr("hb_qkv", b * g.cdim * 4)
-    yz = hs.scr("hb_z", b * vd * 4)
-    yab = hs.scr("hb_ab", b * 2 * g.nv * 4)
-    cq = hs.scr("hb_cq", b * g.cdim * 4)
-    gbp = hs.scr("hb_gb", b * 2 * g.nv * 4)
-    yo = hs.scr("hb_o", b * vd * 4)
-    yof = hs.scr("hb_of", b * vd * 2)
+    yq = scr("hb_qkv")
+    yz = scr("hb_z")
+    yab = scr("hb_ab")
+    cq = scr("hb_cq")
+    gbp = scr("hb_gb")
+    yo = scr("hb_o")
+    yof = scr("hb_of")
     mul(g.qkv, bxn, yq, g.cdim)
     mul(g.z, bxn, yz, vd)
     # the gate projections: f16 copies of the f32 rows, [a | b] per row
@@ -168,11 +167,11 @@ def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages) -> None
     ctx.launch(fx.gb32, (-(-b * g.nv // 256), 1), 256, 0, kargs("QQQQii", yab, g.a_log, g.dt_bias, gbp, b, g.nv))
     st.mark(3)
     # the chunked rule: every chunk's state-free part at once, then the state chunk by chunk
-    wg = hs.scr("hb_wg", g.nv * b * 4)
-    ww = hs.scr("hb_ww", g.nv * b * g.dk * 4)
-    wu = hs.scr("hb_wu", g.nv * b * g.dv * 4)
-    wp = hs.scr("hb_wp", g.nv * b * GDN_C * 4)
-    ctx.launch(fx.wy, (-(-b // GDN_C), g.nv), 256, WY_SMEM,
+    wg = scr("hb_wg")
+    ww = scr("hb_ww")
+    wu = scr("hb_wu")
+    wp = scr("hb_wp")
+    ctx.launch(fx.wy, (-(-b // SCAN_ROWS), g.nv), 256, WY_SMEM,
                kargs("QQQQQQiiii", cq, gbp, wg, ww, wu, wp, b, g.cdim, g.nv, g.nk))
     ctx.launch(fx.chunk, (vd // 32, 1), 32 * CHUNK_WARPS, CHUNK_SMEM,
                kargs("QQQQQQQiiii", cq, wg, ww, wu, wp, gs.s, yo, b, g.cdim, g.nv, g.nk))
@@ -204,22 +203,22 @@ def attend(ctx, fx, scr, kp, vp, qgh, aog, bis, pos0: int, b: int, col_base: int
                                      dev_ptr(aog) + b0 * grow * 4, hd, b * grow, nkv)
 
 
-def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stages, cfg: BigCfg) -> None:
+def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stages, cfg: BigCfg, scr) -> None:
     """A gated attention layer over the chunk: q, k, v; norms, rotary, the chunk's K/V rows into
     the mirror; per pass the score GEMM, the masked softmax, the value GEMM; the normalised,
     gated output; o added to the residual."""
     ctx, fx = hs.ctx, plan.fx
     nh, nkv, hd, hpk, hidden = plan.nh, plan.nkv, plan.hd, plan.hpk, plan.hidden
     qr = a.q.rows
-    yq = hs.scr("hb_q", b * qr * 4)
-    yk = hs.scr("hb_k", b * nkv * hd * 4)
-    yv = hs.scr("hb_v", b * nkv * hd * 4)
-    qg = hs.scr("hb_qg", b * nh * hd * 4)
-    qgh = hs.scr("hb_qgh", b * nh * hd * 2)
-    gt = hs.scr("hb_gate", b * nh * hd * 4)
-    aog = hs.scr("hb_aog", b * nh * hd * 4)
-    bao = hs.scr("hb_ao", b * nh * hd * 2)
-    bis = hs.scr("hb_is", b * nh * 4)
+    yq = scr("hb_q")
+    yk = scr("hb_k")
+    yv = scr("hb_v")
+    qg = scr("hb_qg")
+    qgh = scr("hb_qgh")
+    gt = scr("hb_gate")
+    aog = scr("hb_aog")
+    bao = scr("hb_ao")
+    bis = scr("hb_is")
     mul(a.q, bxn, yq, qr)
     mul(a.k, bxn, yk, nkv * hd)
     mul(a.v, bxn, yv, nkv * hd)
@@ -239,12 +238,12 @@ def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stag
     mul(a.o, bao, bh, hidden, 1.0, 1.0)
 
 
-def _ffn(hs, plan, pl, b: int, bxn, bh, mul: _Mul, st: _Stages) -> None:
+def _ffn(hs, plan, pl, b: int, bxn, bh, mul: _Mul, st: _Stages, scr) -> None:
     """The dense FFN over the chunk: the post norm, gate/up as one GEMM in the pair's row order,
     silu(gate) * up / 16 in f16, down with alpha 16 added to the residual."""
     ctx, fx, inter = hs.ctx, plan.fx, pl.inter
-    bgu = hs.scr("hb_gu", b * 2 * inter * 4)
-    bmh = hs.scr("hb_mh", b * inter * 2)
+    bgu = scr("hb_gu")
+    bmh = scr("hb_mh")
     ctx.launch(fx.rmsnorm, (b, 1), 256, 0, kargs("QQQifi", bh, pl.post_norm, bxn, plan.hidden, plan.eps,
                                                  int(plan.gemma)))
     st.mark(0)
@@ -266,16 +265,20 @@ def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: 
     b, pos0, hidden = len(positions), positions[0], plan.hidden
     cfg = configured(b, hs.kv_hint) if cfg is None else cfg
     st = _Stages(ctx, hs.prof)
-    bh = hs.scr("hb_h", b * hidden * 4)
-    bxn = hs.scr("hb_xn", b * hidden * 2)
+    # the named scratch, each as large as bigfit's `need` says for this call (`prepare` has
+    # allocated them for a chunk's pieces)
+    sizes = need(plan, b, pos0, cfg)
+    scr = lambda name: hs.scr(name, sizes[name])
+    bh = scr("hb_h")
+    bxn = scr("hb_xn")
     # a large weight expands a band of rows at a time
-    wd_rows, wd_n = wd_elems(plan, cfg.wd_bytes)
-    wd = hs.scr("hb_wd", wd_n * 2)
+    wd_rows = wd_elems(plan, cfg.wd_bytes)[0]
+    wd = scr("hb_wd")
     want = hs.taps_wanted
     tapping = bool(want) and layer_base == 0 and all(l < len(plan.layers) for l in want)
     tapped = np.empty((len(want), b, hidden), dtype=np.float32) if tapping else None
     tab = rope_rows(plan.invf, positions)
-    btab = hs.scr("hb_tab", max(tab.nbytes, 4))
+    btab = scr("hb_tab")
     _stage_rows(hs, bh, h)
     if tab.size:
         btab.upload_async(tab)
@@ -291,14 +294,14 @@ def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: 
             gs = hs.gdn.get(key)
             if gs is None or gs.next_pos != pos0:
                 raise CortiqError(f"GDN state of layer {li} missing or not at row {pos0}")
-            _gdn(hs, plan, pl.mix, gs, b, bxn, bh, mul, st)
+            _gdn(hs, plan, pl.mix, gs, b, bxn, bh, mul, st, scr)
             gs.next_pos, gs.tape = pos0 + b, None
         else:
             m = hs.kv.get(key)
             if m is None:
                 raise CortiqError(f"K/V mirror of layer {li} missing")
-            _attn(hs, plan, pl.mix, m, pos0, b, bxn, bh, btab, mul, st, cfg)
-        _ffn(hs, plan, pl, b, bxn, bh, mul, st)
+            _attn(hs, plan, pl.mix, m, pos0, b, bxn, bh, btab, mul, st, cfg, scr)
+        _ffn(hs, plan, pl, b, bxn, bh, mul, st, scr)
         if tapping and li in want:
             # pageable: done when it returns
             bh.download_async(tapped[list(want).index(li)])

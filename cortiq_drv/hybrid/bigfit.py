@@ -94,7 +94,7 @@ def _gdn_need(g: GdnL, b: int) -> dict:
     vd = g.nv * g.dv
     return {"hb_qkv": b * g.cdim * 4, "hb_z": b * vd * 4, "hb_ab": b * 2 * g.nv * 4, "hb_cq": b * g.cdim * 4,
             "hb_gb": b * 2 * g.nv * 4, "hb_o": b * vd * 4, "hb_of": b * vd * 2,
-            # the chunked scan's (big.py `_gdn`: hb_wg, hb_ww, hb_wu, hb_wp)
+            # the chunked scan's
             "hb_wg": g.nv * b * 4, "hb_ww": g.nv * b * g.dk * 4, "hb_wu": g.nv * b * g.dv * 4,
             "hb_wp": g.nv * b * SCAN_ROWS * 4}
 
@@ -109,7 +109,8 @@ def _attn_need(plan, a, b: int, pos0: int, cfg: BigCfg) -> dict:
 
 def need(plan, b: int, pos0: int, cfg: BigCfg) -> dict:
     """Bytes of each named scratch `big` takes for a piece of b rows at pos0 under cfg (the
-    largest over the plan's layers)."""
+    largest over the plan's layers): the one place their sizes are written (`big` takes them by
+    name from here)."""
     out = {"hb_h": b * plan.hidden * 4, "hb_xn": b * plan.hidden * 2,
            "hb_wd": wd_elems(plan, cfg.wd_bytes)[1] * 2, "hb_tab": max(b * plan.invf.size * 2 * 4, 4)}
     for pl in plan.layers:
