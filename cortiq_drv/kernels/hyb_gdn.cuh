@@ -246,6 +246,18 @@ extern "C" __global__ void hy_gdn_scan(const float* cq, const float* gb, float* 
     }
 }
 
+// hy_gdn_out32's output for the value x at column j of head h of row r, whose head has mean square
+// ms: y into of and the planes (pointers as hy_gdn_out32's).
+__device__ __forceinline__ void gdn_norm_put(float x, float ms, int r, int h, int j, const float* z, int zs,
+                                             const float* norm, float* of, int nv, int dv, float eps, int sig,
+                                             int gemma, bf16* p0, bf16* p1, bf16* p2, int ps) {
+    const float zz = z[(size_t)r * zs + h * dv + j];
+    const float wn = gemma ? 1.0f + norm[j] : norm[j];
+    const float y = x / sqrtf(ms + eps) * wn * (sig ? sigmoidf_(zz) : siluf_(zz));
+    of[(size_t)r * nv * dv + h * dv + j] = y;
+    put3(p0, p1, p2, (size_t)r * ps + h * dv + j, y);
+}
+
 // hy_gdn_out32: gated RMSNorm of one head of one row into f32 and the matvec planes.
 //   y = o / sqrt(mean(o^2) + eps) * wn * gate(z), wn = gemma ? 1 + norm : norm,
 //   gate = sig ? sigmoid(z) : silu(z) (Qwen3.5: plain norm, silu).
@@ -260,11 +272,7 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
     const size_t at = (size_t)r * nv * dv + h * dv + j;
     const float x = o[at];
     const float ms = hy_block_sum(x * x, red) / (float)dv;
-    const float zz = z[(size_t)r * zs + h * dv + j];
-    const float wn = gemma ? 1.0f + norm[j] : norm[j];
-    const float y = x / sqrtf(ms + eps) * wn * (sig ? sigmoidf_(zz) : siluf_(zz));
-    of[at] = y;
-    put3(p0, p1, p2, (size_t)r * ps + h * dv + j, y);
+    gdn_norm_put(x, ms, r, h, j, z, zs, norm, of, nv, dv, eps, sig, gemma, p0, p1, p2, ps);
 }
 
 // hy_gdn_scan4_out32: hy_gdn_scan4 and then hy_gdn_out32 in one launch, one block a value head, the
@@ -300,12 +308,7 @@ extern "C" __global__ void __launch_bounds__(512)
         float ss = 0.0f;
         for (int w = 0; w < dv / 32; ++w) ss += ored[rr * (dv / 32) + w];
         if (r >= n) continue;
-        const float ms = ss / (float)dv;
-        const float zz = z[(size_t)r * zs + h * dv + j];
-        const float wn = gemma ? 1.0f + norm[j] : norm[j];
-        const float y = x / sqrtf(ms + eps) * wn * (sig ? sigmoidf_(zz) : siluf_(zz));
-        of[at] = y;
-        put3(p0, p1, p2, (size_t)r * ps + h * dv + j, y);
+        gdn_norm_put(x, ss / (float)dv, r, h, j, z, zs, norm, of, nv, dv, eps, sig, gemma, p0, p1, p2, ps);
     }
 }
 
