@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from cortiq_drv import knobs
 from cortiq_drv.blas import Gemm
 from cortiq_drv.cu.args import kargs
 from cortiq_drv.errors import CortiqError
@@ -182,16 +181,15 @@ def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages, scr) ->
 
 
 def attend(ctx, fx, scr, kp, vp, qgh, aog, bis, pos0: int, b: int, col_base: int, nkv: int, hpk: int, hd: int,
-           scale: float, hint: int, att_rows: int | None = None) -> None:
+           scale: float, hint: int, att_rows: int) -> None:
     """The chunk's attention over the mirror rows [0, pos0 + b - col_base), pass by pass (the
-    score GEMM, `hy_softmax_h`, the value GEMM) of at most `att_rows` query rows (None:
-    `CMF_HYB_ATT_ROWS`): ao and isum group-major (kernels/hyb_big.cuh); `scr(name, bytes)` gives
-    the named scratch (sized up front for `hint` keys, `bigfit.score_bytes`)."""
+    score GEMM, `hy_softmax_h`, the value GEMM) of at most `att_rows` query rows: ao and isum
+    group-major (kernels/hyb_big.cuh); `scr(name, bytes)` gives the named scratch (sized up
+    front for `hint` keys, `bigfit.score_bytes`)."""
     nh, lda, grow = nkv * hpk, nkv * hd, hpk * hd
-    att = knobs.get().hyb_att_rows if att_rows is None else att_rows
-    s_bytes, p_bytes = score_bytes(pos0, b, col_base, nkv, hpk, att, hint)
+    s_bytes, p_bytes = score_bytes(pos0, b, col_base, nkv, hpk, att_rows, hint)
     bs, bp = scr("hb_s", s_bytes), scr("hb_p", p_bytes)
-    for b0, bn in att_passes(pos0, b, col_base, nh, att):
+    for b0, bn in att_passes(pos0, b, col_base, nh, att_rows):
         p0 = pos0 + b0
         l_rows, cols = p0 + bn - col_base, bn * hpk
         # the mirrors hold f16 rows: both GEMMs on f16 operands (the query copy, the weights)

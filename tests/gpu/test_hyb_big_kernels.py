@@ -13,7 +13,6 @@ import pytest
 
 import _dev
 from _dev import rel_rms
-from cortiq_drv import knobs
 from cortiq_drv.cu import kargs
 from cortiq_drv.hybrid import kernels_big_ref as br
 from cortiq_drv.hybrid import kernels_ref as kr
@@ -232,29 +231,24 @@ def test_silu_pair_half(ctx, kern, dev):
 
 
 @pytest.mark.parametrize("n0,n,att_rows,hpk,hd", [(0, 40, 128, 4, 256), (100, 300, 64, 4, 256), (5, 77, 16, 2, 128)])
-def test_attention_passes_on_cublas(ctx, kern, dev, monkeypatch, n0, n, att_rows, hpk, hd):
+def test_attention_passes_on_cublas(ctx, kern, dev, n0, n, att_rows, hpk, hd):
     """hy_q_half_g, big's `attend` (two strided-batched GEMMs a KV group and hy_softmax_h per
     pass), hy_attn_out against exact attention over the mirror rows."""
-    monkeypatch.setenv("CMF_HYB_ATT_ROWS", str(att_rows))
-    knobs.reset()
-    try:
-        rng = np.random.default_rng(n0 + n)
-        nkv = 2
-        nh = nkv * hpk
-        kmir = rng.standard_normal((n0 + n, nkv, hd)).astype(F16)
-        vmir = rng.standard_normal((n0 + n, nkv, hd)).astype(F16)
-        qg = rng.standard_normal((n, nh, hd)).astype(F32)
-        gate = rng.standard_normal((n, nh, hd)).astype(F32)
-        scale = 1 / np.sqrt(hd)
-        qh, aog = dev.new(n * nh * hd * 2), dev.new(n * nh * hd * 4)
-        bis, out = dev.new(n * nh * 4), dev.new(n * nh * hd * 2)
-        ctx.launch(kern("hy_q_half_g", hpk, hd), grid(qg.size), 256, 0, kargs("QQiiii", dev.put(qg), qh, n, nh, hpk, hd))
-        fx = type("Fx", (), {"softmax_h": kern("hy_softmax_h", hpk, hd)})
-        attend(ctx, fx, dev.scr, dev.put(kmir), dev.put(vmir), qh, aog, bis, n0, n, 0, nkv, hpk, hd, scale, 0)
-        ctx.launch(kern("hy_attn_out", hpk, hd), grid(n * nh * hd), 256, 0,
-                   kargs("QQQQiiii", aog, bis, dev.put(gate), out, nh, n, hpk, hd))
-        want = kr.attention(qg, kmir, vmir, n0, scale, gate)
-        assert rel_rms(dev.get(out, F16, (n, nh * hd)).astype(F32), want) < 3e-3
-    finally:
-        monkeypatch.undo()
-        knobs.reset()
+    rng = np.random.default_rng(n0 + n)
+    nkv = 2
+    nh = nkv * hpk
+    kmir = rng.standard_normal((n0 + n, nkv, hd)).astype(F16)
+    vmir = rng.standard_normal((n0 + n, nkv, hd)).astype(F16)
+    qg = rng.standard_normal((n, nh, hd)).astype(F32)
+    gate = rng.standard_normal((n, nh, hd)).astype(F32)
+    scale = 1 / np.sqrt(hd)
+    qh, aog = dev.new(n * nh * hd * 2), dev.new(n * nh * hd * 4)
+    bis, out = dev.new(n * nh * 4), dev.new(n * nh * hd * 2)
+    ctx.launch(kern("hy_q_half_g", hpk, hd), grid(qg.size), 256, 0, kargs("QQiiii", dev.put(qg), qh, n, nh, hpk, hd))
+    fx = type("Fx", (), {"softmax_h": kern("hy_softmax_h", hpk, hd)})
+    attend(ctx, fx, dev.scr, dev.put(kmir), dev.put(vmir), qh, aog, bis, n0, n, 0, nkv, hpk, hd, scale, 0,
+           att_rows)
+    ctx.launch(kern("hy_attn_out", hpk, hd), grid(n * nh * hd), 256, 0,
+               kargs("QQQQiiii", aog, bis, dev.put(gate), out, nh, n, hpk, hd))
+    want = kr.attention(qg, kmir, vmir, n0, scale, gate)
+    assert rel_rms(dev.get(out, F16, (n, nh * hd)).astype(F32), want) < 3e-3
