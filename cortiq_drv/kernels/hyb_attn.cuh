@@ -18,6 +18,18 @@
 //   E  [n][nbcap][nh]       sum over the block's keys of exp(s - M)
 // A row's sums depend on its own keys and rb only, in a fixed order: never on n.
 
+// The call record's n0, rb, ncap, nbcap and far over the launch's own values when ci != 0 (a
+// kernel's unused fields cost nothing: their loads are dropped).
+__device__ __forceinline__ void att_record(const int* ci, int& n0, int& rb, int& ncap, int& nbcap, int& far) {
+    if (ci) {
+        n0 = ci[0];
+        rb = ci[2];
+        ncap = ci[3];
+        nbcap = ci[4];
+        far = ci[5];
+    }
+}
+
 // HD / 32 consecutive f16 values from p (2 * HD / 32-byte aligned) as f32, in vector loads.
 __device__ __forceinline__ void att_load_h(const f16* p, float* out) {
     const int E = HD / 32;
@@ -101,12 +113,8 @@ extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, f
                                      float scale, int rb, int ncap, int nbcap, int n, const int* ci) {
     __shared__ float qsm[HPK][HD];
     __shared__ float wm[8][HPK];
-    if (ci) {
-        n0 = ci[0];
-        rb = ci[2];
-        ncap = ci[3];
-        nbcap = ci[4];
-    }
+    int far = 0;
+    att_record(ci, n0, rb, ncap, nbcap, far);
     const int r = blockIdx.z, g = blockIdx.y, b = r0 + blockIdx.x;
     const int keys = n0 + r + 1, t0 = b * rb;
     if (r >= n || t0 >= keys) return;
@@ -174,13 +182,7 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
     __shared__ __align__(16) u16 vs[64][HD];
     __shared__ float mx[HPK];
     int far = 0;
-    if (ci) {
-        n0 = ci[0];
-        rb = ci[2];
-        ncap = ci[3];
-        nbcap = ci[4];
-        far = ci[5];
-    }
+    att_record(ci, n0, rb, ncap, nbcap, far);
     const int r = blockIdx.z, g = blockIdx.y, b = r0 + blockIdx.x, t = threadIdx.x;
     const int keys = n0 + r + 1, nb = (keys + rb - 1) / rb;
     if (r >= n || b >= nb) return;
@@ -248,13 +250,8 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
 // Grid (nh, n), block 256 threads.
 extern "C" __global__ void hy_finish(const float* P, const float* E, const float* gate, bf16* p0, bf16* p1, bf16* p2,
                                      int ps, int n0, int rb, int nh, int nbcap, const int* ci) {
-    int far = 0;
-    if (ci) {
-        n0 = ci[0];
-        rb = ci[2];
-        nbcap = ci[4];
-        far = ci[5];
-    }
+    int far = 0, ncap = 0;
+    att_record(ci, n0, rb, ncap, nbcap, far);
     const int r = blockIdx.y, h = blockIdx.x;
     const int nb = (n0 + r + 1 + rb - 1) / rb;
     const float* er = E + (size_t)r * nbcap * nh + h;
