@@ -3,16 +3,18 @@
 
 Per layer every weight is expanded from its repacked q4tp tiles into one f16 plane buffer
 (`hb_wd`, a band of tiles at a time when the matrix is larger than `CMF_HYB_WD_MB`) and
-multiplied by cuBLAS f16 GEMMs with f32 output. The GDN chunk goes through conv, ring, L2 norms,
+multiplied by cuBLAS f16 GEMMs with f32 output; weights that share an input (a GDN layer's qkv,
+z, a and b; attention's q, k and v) go into the buffer one after another and run as one GEMM
+when they fit it together. The GDN chunk goes through conv (with the q / k L2 norms), ring,
 gates and the chunked delta rule (`hy_gdn_wy`, then `hy_gdn_chunk`), leaving the layer's state at
-the chunk's end for the small path to continue from. Attention is two strided-batched GEMMs a KV group over the
-f16 K/V mirror (its rows appended by `hy_qk` first), query rows in passes of `CMF_HYB_ATT_ROWS`
-halved until the scores fit a memory cap. Scratch is named (`hs.scr`) and reused across chunks;
-hybrid/bigfit.py sizes it and fits a chunk to the budget before anything moves (`run_chunk` then
-takes the chunk in the pieces it decided). The input rows reach the card through pinned staging.
-Kernels and their layouts: kernels/hyb_big.cuh.
+the chunk's end for the small path to continue from. Attention appends the chunk's K/V rows to
+the f16 mirror (`hy_qk`), then runs in one kernel (`hy_flash_h`) where the head width allows,
+else as two strided-batched GEMMs a KV group over the mirror with query rows in passes of
+`CMF_HYB_ATT_ROWS` halved until the scores fit a memory cap. Scratch is named (`hs.scr`) and
+reused across chunks; hybrid/bigfit.py sizes it and fits a chunk to the budget before anything
+moves (`run_chunk` then takes the chunk in the pieces it decided). The input rows reach the card
+through pinned staging. Kernels and their layouts: kernels/hyb_big.cuh, hyb_flash.cuh.
 """
-
 from __future__ import annotations
 
 import functools
@@ -24,14 +26,15 @@ import numpy as np
 from cortiq_drv.blas import Gemm
 from cortiq_drv.cu.args import kargs
 from cortiq_drv.errors import CortiqError
-from cortiq_drv.hybrid.bigfit import SCAN_ROWS, BigCfg, Fit, att_passes, configured, need, pieces, score_bytes, wd_elems
+from cortiq_drv.hybrid.bigfit import (SCAN_ROWS, BigCfg, Fit, att_passes, attn_stride, configured, flash, gdn_stride,
+                                      need, pieces, score_bytes, wd_elems)
 from cortiq_drv.hybrid.mma import KIND_Q4TP, dev_ptr
 from cortiq_drv.hybrid.launch import rope_rows
 from cortiq_drv.hybrid.plan import GdnL
 
 # Bytes of a piece of the input rows' pinned staging (`_stage_rows`), and the threads filling it.
 STAGE_PIECE = 4 << 20
-STAGE_THREADS = 4
+STAGE_THREADS = 8
 # Stages of CMF_CUDA_PROF=1 on the prompt path, summed over its chunks.
 BSTAGES = ("norms", "expand", "gemm", "gdn glue", "gdn scan", "attention", "act", "copies")
 # The dynamic shared memory of hy_gdn_wy and hy_gdn_chunk (HB_WY_SMEM, HB_CHUNK_SMEM of
@@ -40,6 +43,13 @@ WY_SMEM = (2 * 64 * 132 + 64 * 68 + 2 * 64) * 4
 CHUNK_SMEM = (2 * 64 * 132 + 64 * 136 + 64 * 68 + 64 * 36 + 128 * 40 + 2 * 64 * 40 + 2 * 64) * 4
 # Warps a block of hy_gdn_chunk (HB_CW).
 CHUNK_WARPS = 16
+# Rows a thread of hy_gdn_conv32 (HB_CONV_R of hyb_big.cuh).
+CONV_ROWS = 8
+
+
+def flash_smem(hpk: int, hd: int) -> int:
+    """hy_flash_h's dynamic shared memory (HB_FLASH_SMEM of kernels/hyb_flash.cuh)."""
+    return (hpk * 16 + 4 * 32) * (hd + 8) * 2
 
 
 class BigProf:
@@ -108,23 +118,30 @@ def _stage_rows(hs, bh, h: np.ndarray) -> None:
 
 class _Mul:
     """y [b][ldy] = alpha W x + beta y for a repacked q4tp W and f16 rows x [b][cols]: the
-    weight expanded into `wd` (a band of tiles at a time when it is larger), then a GEMM."""
+    weight expanded into `wd` (a band of tiles at a time when it is larger), then a GEMM.
+    `stacked` runs weights that share x as one GEMM when they fit `wd` together."""
 
     def __init__(self, ctx, fx, wd, wd_rows: int, b: int, st: _Stages):
         self.ctx, self.fx, self.wd, self.wd_rows, self.b, self.st = ctx, fx, wd, wd_rows, b, st
 
-    def __call__(self, m, x, y, ldy: int, alpha: float = 1.0, beta: float = 0.0) -> None:
-        ctx, fx, wd = self.ctx, self.fx, self.wd
+    def _expand(self, m, dst: int) -> None:
+        """The whole of q4tp matrix m as f16 rows at dst [rows][cols]."""
         if m.kind != KIND_Q4TP:
             raise CortiqError("a weight other than repacked q4tp on the prompt path")
+        threads = -(-m.rows // 16) * (m.cols // 32) * 32
+        self.ctx.launch(self.fx.expand_p, (-(-threads // 256), 1), 256, 0,
+                        kargs("QQQQii", m.w, m.aux0, m.aux1, dst, m.rows, m.cols))
+
+    def __call__(self, m, x, y, ldy: int, alpha: float = 1.0, beta: float = 0.0) -> None:
+        ctx, fx, wd = self.ctx, self.fx, self.wd
         if m.rows * m.cols <= self.wd_rows:
-            threads = -(-m.rows // 16) * (m.cols // 32) * 32
-            ctx.launch(fx.expand_p, (-(-threads // 256), 1), 256, 0,
-                       kargs("QQQQii", m.w, m.aux0, m.aux1, wd, m.rows, m.cols))
+            self._expand(m, dev_ptr(wd))
             self.st.mark(1)
             ctx.gemm(True, False, m.rows, self.b, m.cols, alpha, wd, m.cols, x, m.cols, beta, y, ldy, Gemm.HALF)
             self.st.mark(2)
             return
+        if m.kind != KIND_Q4TP:
+            raise CortiqError("a weight other than repacked q4tp on the prompt path")
         tiles = -(-m.rows // 16)
         band = max(self.wd_rows // m.cols // 16, 1)
         for t0 in range(0, tiles, band):
@@ -139,31 +156,58 @@ class _Mul:
                      Gemm.HALF)
             self.st.mark(2)
 
+    def stacked(self, parts, x, y, ldy: int, cols: int) -> None:
+        """y [b][ldy] = [P_0; P_1; ...] x for rows x [b][cols], the rows of the weights P_i
+        (repacked q4tp matrices, or (Buf, rows): dense f16 rows) one after another in each output
+        row: expanded (copied) into `wd` one after another and multiplied by one GEMM when they
+        fit it together (a thin weight then costs no GEMM of its own), else a GEMM (or bands)
+        each."""
+        rows = [p[1] if isinstance(p, tuple) else p.rows for p in parts]
+        if sum(rows) * cols > self.wd_rows:
+            r0 = 0
+            for p, r in zip(parts, rows):
+                at = dev_ptr(y) + r0 * 4
+                if isinstance(p, tuple):
+                    self.ctx.gemm(True, False, r, self.b, cols, 1.0, p[0], cols, x, cols, 0.0, at, ldy, Gemm.HALF)
+                else:
+                    self(p, x, at, ldy)
+                r0 += r
+            return
+        r0 = 0
+        for p, r in zip(parts, rows):
+            if isinstance(p, tuple):
+                self.wd.view(r0 * cols * 2, r * cols * 2).copy_from(p[0].view(0, r * cols * 2))
+            else:
+                self._expand(p, dev_ptr(self.wd) + r0 * cols * 2)
+            r0 += r
+        self.st.mark(1)
+        self.ctx.gemm(True, False, r0, self.b, cols, 1.0, self.wd, cols, x, cols, 0.0, y, ldy, Gemm.HALF)
+        self.st.mark(2)
+
 
 def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages, scr) -> None:
-    """A GDN layer over the chunk: qkv, z and a / b, the glue, the chunked scan (the state at
-    the chunk's end), the gated norm, out added to the residual."""
+    """A GDN layer over the chunk: qkv, z and a / b (one GEMM, `gdn_stride`), the glue, the
+    chunked scan (the state at the chunk's end), the gated norm, out added to the residual."""
     ctx, fx, hidden = hs.ctx, plan.fx, plan.hidden
     vd = g.nv * g.dv
+    # each row [qkv | z | a | b] (the gate projections from the f16 copies of the f32 rows)
+    ys = gdn_stride(g)
     yq = scr("hb_qkv")
-    yz = scr("hb_z")
-    yab = scr("hb_ab")
+    yz = dev_ptr(yq) + g.cdim * 4
+    yab = dev_ptr(yq) + (g.cdim + vd) * 4
     cq = scr("hb_cq")
     gbp = scr("hb_gb")
     yo = scr("hb_o")
     yof = scr("hb_of")
-    mul(g.qkv, bxn, yq, g.cdim)
-    mul(g.z, bxn, yz, vd)
-    # the gate projections: f16 copies of the f32 rows, [a | b] per row
-    ctx.gemm(True, False, g.nv, b, hidden, 1.0, g.a_h, hidden, bxn, hidden, 0.0, yab, 2 * g.nv, Gemm.HALF)
-    ctx.gemm(True, False, g.nv, b, hidden, 1.0, g.b_h, hidden, bxn, hidden, 0.0, dev_ptr(yab) + g.nv * 4, 2 * g.nv,
-             Gemm.HALF)
-    ctx.launch(fx.conv32, (-(-b * (g.cdim // 4) // 256), 1), 256, 0,
-               kargs("QiQQQiii", yq, g.cdim, gs.ring if g.kk > 1 else 0, g.taps, cq, b, g.cdim, g.kk))
+    mul.stacked([g.qkv, g.z, (g.a_h, g.nv), (g.b_h, g.nv)], bxn, yq, ys, hidden)
+    # the conv rows with the q and k heads' L2 norms (dk = 128, the plan's)
+    groups = -(-b // CONV_ROWS)
+    ctx.launch(fx.conv32, (-(-groups * (g.cdim // 4) // 256), 1), 256, 0,
+               kargs("QiQQQiiii", yq, ys, gs.ring if g.kk > 1 else 0, g.taps, cq, b, g.cdim, g.kk, g.nk))
     if g.kk > 1:
-        ctx.launch(fx.ring, (-(-g.cdim // 256), 1), 256, 0, kargs("QQiiii", gs.ring, yq, g.cdim, b, g.cdim, g.kk))
-    ctx.launch(fx.prep32, (b * 2 * g.nk, 1), g.dk, 0, kargs("Qiii", cq, g.cdim, g.nk, g.dk))
-    ctx.launch(fx.gb32, (-(-b * g.nv // 256), 1), 256, 0, kargs("QQQQii", yab, g.a_log, g.dt_bias, gbp, b, g.nv))
+        ctx.launch(fx.ring, (-(-g.cdim // 256), 1), 256, 0, kargs("QQiiii", gs.ring, yq, ys, b, g.cdim, g.kk))
+    ctx.launch(fx.gb32, (-(-b * g.nv // 256), 1), 256, 0,
+               kargs("QiQQQii", yab, ys, g.a_log, g.dt_bias, gbp, b, g.nv))
     st.mark(3)
     # the chunked rule: every chunk's state-free part at once, then the state chunk by chunk
     wg = scr("hb_wg")
@@ -175,7 +219,8 @@ def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages, scr) ->
     ctx.launch(fx.chunk, (vd // 32, 1), 32 * CHUNK_WARPS, CHUNK_SMEM,
                kargs("QQQQQQQiiii", cq, wg, ww, wu, wp, gs.s, yo, b, g.cdim, g.nv, g.nk))
     st.mark(4)
-    ctx.launch(fx.out_h, (b * g.nv, 1), g.dv, 0, kargs("QQiQQiif", yo, yz, vd, g.norm, yof, g.nv, g.dv, plan.eps))
+    ctx.launch(fx.out_h, (-(-b * g.nv // 8), 1), 256, 0,
+               kargs("QQiQQiifi", yo, yz, ys, g.norm, yof, g.nv, g.dv, plan.eps, b))
     st.mark(3)
     mul(g.out, yof, bh, hidden, 1.0, 1.0)
 
@@ -202,36 +247,39 @@ def attend(ctx, fx, scr, kp, vp, qgh, aog, bis, pos0: int, b: int, col_base: int
 
 
 def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stages, cfg: BigCfg, scr) -> None:
-    """A gated attention layer over the chunk: q, k, v; norms, rotary, the chunk's K/V rows into
-    the mirror; per pass the score GEMM, the masked softmax, the value GEMM; the normalised,
-    gated output; o added to the residual."""
+    """A gated attention layer over the chunk: q, k, v (one GEMM, `attn_stride`); norms, rotary,
+    the chunk's K/V rows into the mirror; attention (`hy_flash_h`, else per pass the score GEMM,
+    the masked softmax, the value GEMM, then the normalised, gated output); o added to the
+    residual."""
     ctx, fx = hs.ctx, plan.fx
     nh, nkv, hd, hpk, hidden = plan.nh, plan.nkv, plan.hd, plan.hpk, plan.hidden
-    qr = a.q.rows
+    qr, ys = a.q.rows, attn_stride(a, nkv, hd)
     yq = scr("hb_q")
-    yk = scr("hb_k")
-    yv = scr("hb_v")
     qg = scr("hb_qg")
     qgh = scr("hb_qgh")
     gt = scr("hb_gate")
-    aog = scr("hb_aog")
     bao = scr("hb_ao")
-    bis = scr("hb_is")
-    mul(a.q, bxn, yq, qr)
-    mul(a.k, bxn, yk, nkv * hd)
-    mul(a.v, bxn, yv, nkv * hd)
+    mul.stacked([a.q, a.k, a.v], bxn, yq, ys, hidden)
     if m.stored != pos0 or m.cap < pos0 + b:
         raise CortiqError(f"K/V mirror holds {m.stored} of {m.cap} rows, the chunk is {b} rows at {pos0}")
     slot0, col_base = m.stored, 0
     m.stored += b
+    on = flash(plan)
     ctx.launch(fx.qk, (nh + nkv, b), hd, 0,
-               kargs("QiQQiQQQQQQQiiifiiiiQQ", yq, qr, yk, yv, nkv * hd, a.qn, a.kn, qg, gt, m.k, m.v, btab, nh, nkv,
-                     plan.half, plan.eps, int(plan.gemma), int(a.gated), slot0, b, 0, 0))
-    ctx.launch(fx.q_half_g, (-(-b * nh * hd // 256), 1), 256, 0, kargs("QQiiii", qg, qgh, b, nh, hpk, hd))
-    attend(ctx, fx, hs.scr, m.k, m.v, qgh, aog, bis, pos0, b, col_base, nkv, hpk, hd, plan.scale, cfg.hint,
-           cfg.att_rows)
-    ctx.launch(fx.attn_out, (-(-b * nh * hd // 256), 1), 256, 0,
-               kargs("QQQQiiii", aog, bis, gt if a.gated else 0, bao, nh, b, hpk, hd))
+               kargs("QiQQiQQQQQQQiiifiiiiQQ", yq, ys, dev_ptr(yq) + qr * 4, dev_ptr(yq) + (qr + nkv * hd) * 4, ys,
+                     a.qn, a.kn, qg, gt, m.k, m.v, btab, nh, nkv, plan.half, plan.eps, int(plan.gemma),
+                     int(a.gated), slot0, b, 0, qgh if on else 0))
+    if on:
+        ctx.launch(fx.flash, (-(-b // 16), nkv), 32 * hpk, flash_smem(hpk, hd),
+                   kargs("QQQQQiiif", qgh, m.k, m.v, gt if a.gated else 0, bao, b, pos0, nkv, plan.scale))
+    else:
+        aog = scr("hb_aog")
+        bis = scr("hb_is")
+        ctx.launch(fx.q_half_g, (-(-b * nh * hd // 256), 1), 256, 0, kargs("QQiiii", qg, qgh, b, nh, hpk, hd))
+        attend(ctx, fx, hs.scr, m.k, m.v, qgh, aog, bis, pos0, b, col_base, nkv, hpk, hd, plan.scale, cfg.hint,
+               cfg.att_rows)
+        ctx.launch(fx.attn_out, (-(-b * nh * hd // 256), 1), 256, 0,
+                   kargs("QQQQiiii", aog, bis, gt if a.gated else 0, bao, nh, b, hpk, hd))
     st.mark(5)
     mul(a.o, bao, bh, hidden, 1.0, 1.0)
 
@@ -269,8 +317,8 @@ def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: 
     scr = lambda name: hs.scr(name, sizes[name])
     bh = scr("hb_h")
     bxn = scr("hb_xn")
-    # a large weight expands a band of rows at a time
-    wd_rows = wd_elems(plan, cfg.wd_bytes)[0]
+    # the expansion buffer: the largest weight or stack of weights, or a band of rows of it
+    wd_rows = wd_elems(plan, cfg.wd_bytes)[1]
     wd = scr("hb_wd")
     want = hs.taps_wanted
     tapping = bool(want) and layer_base == 0 and all(l < len(plan.layers) for l in want)

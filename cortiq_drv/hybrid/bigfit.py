@@ -1,10 +1,10 @@
 """How a prompt chunk fits the card's budget (the reference checks only weights against it; this
 is the prompt path's own part): the named scratch `big` takes for a piece of a chunk (`need`),
 and, before any state moves, the way the chunk runs within `CMF_GPU_VRAM_MB` (`fit`): as
-configured, else with the expansion band, the up-front score sizing, the attention passes and
-then the rows a piece shrunk in that order, else Declined naming the bytes. `prepare` allocates
-the chunk's scratch before anything moves; `big.run_chunk` then takes the chunk through `big`
-piece by piece.
+configured, else with the expansion band, the up-front score sizing, the attention passes (when
+attention keeps its scores in memory) and then the rows a piece shrunk in that order, else
+Declined naming the bytes. `prepare` allocates the chunk's scratch before anything moves;
+`big.run_chunk` then takes the chunk through `big` piece by piece.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ WHOLE_CAP = 400 << 20
 SCAN_ROWS = 64
 # The fewest query rows an attention pass takes (CMF_HYB_ATT_ROWS' floor).
 MIN_ATT = 16
+# Attention by hy_flash_h where the geometry allows (`flash`).
+FLASH = True
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,36 @@ def configured(b: int, hint: int) -> BigCfg:
     return BigCfg(b, max(k.hyb_wd_bytes, 1 << 20), k.hyb_att_rows, hint)
 
 
+def gdn_stride(g: GdnL) -> int:
+    """Columns of a row of a GDN layer's input projections, [qkv | z | a | b] (one GEMM's output,
+    `big._Mul.stacked`), rounded to 4 (the glue's 16-byte row loads)."""
+    return round_up(g.cdim + g.nv * g.dv + 2 * g.nv, 4)
+
+
+def attn_stride(a, nkv: int, hd: int) -> int:
+    """Columns of a row of an attention layer's q | k | v projections."""
+    return a.q.rows + 2 * nkv * hd
+
+
+def flash(plan) -> bool:
+    """Whether attention runs as hy_flash_h: head width a multiple of 16 up to 256 (its
+    accumulators), at most 8 query heads a KV head (its block)."""
+    return FLASH and plan.hd % 16 == 0 and plan.hd <= 256 and plan.hpk <= 8
+
+
 def wmax(plan) -> tuple[int, int]:
-    """Elements of the plan's largest weight, and its widest row."""
-    mats = []
+    """Elements of the plan's largest weight or stack of weights one GEMM takes (`_Mul.stacked`),
+    and the widest row."""
+    mats, stacks = [], []
     for l in plan.layers:
         m = l.mix
         mats += [l.gu, l.down, *([m.qkv, m.z, m.out] if isinstance(m, GdnL) else [m.q, m.k, m.v, m.o])]
-    return max((x.rows * x.cols for x in mats), default=0), max((x.cols for x in mats), default=0)
+        if isinstance(m, GdnL):
+            stacks.append((m.qkv.rows + m.z.rows + 2 * m.nv) * m.qkv.cols)
+        else:
+            stacks.append((m.q.rows + m.k.rows + m.v.rows) * m.q.cols)
+    elems = max([x.rows * x.cols for x in mats] + stacks, default=0)
+    return elems, max((x.cols for x in mats), default=0)
 
 
 def wd_elems(plan, wd_bytes: int) -> tuple[int, int]:
@@ -92,7 +117,7 @@ def score_bytes(pos0: int, b: int, col_base: int, nkv: int, hpk: int, att_rows: 
 
 def _gdn_need(g: GdnL, b: int) -> dict:
     vd = g.nv * g.dv
-    return {"hb_qkv": b * g.cdim * 4, "hb_z": b * vd * 4, "hb_ab": b * 2 * g.nv * 4, "hb_cq": b * g.cdim * 4,
+    return {"hb_qkv": b * gdn_stride(g) * 4, "hb_cq": b * g.cdim * 4,
             "hb_gb": b * 2 * g.nv * 4, "hb_o": b * vd * 4, "hb_of": b * vd * 2,
             # the chunked scan's
             "hb_wg": g.nv * b * 4, "hb_ww": g.nv * b * g.dk * 4, "hb_wu": g.nv * b * g.dv * 4,
@@ -101,10 +126,13 @@ def _gdn_need(g: GdnL, b: int) -> dict:
 
 def _attn_need(plan, a, b: int, pos0: int, cfg: BigCfg) -> dict:
     nh, nkv, hd = plan.nh, plan.nkv, plan.hd
+    out = {"hb_q": b * attn_stride(a, nkv, hd) * 4, "hb_qg": b * nh * hd * 4, "hb_qgh": b * nh * hd * 2,
+           "hb_gate": b * nh * hd * 4, "hb_ao": b * nh * hd * 2}
+    if flash(plan):
+        return out
     s, p = score_bytes(pos0, b, 0, nkv, plan.hpk, cfg.att_rows, cfg.hint)
-    return {"hb_q": b * a.q.rows * 4, "hb_k": b * nkv * hd * 4, "hb_v": b * nkv * hd * 4, "hb_qg": b * nh * hd * 4,
-            "hb_qgh": b * nh * hd * 2, "hb_gate": b * nh * hd * 4, "hb_aog": b * nh * hd * 4,
-            "hb_ao": b * nh * hd * 2, "hb_is": b * nh * 4, "hb_s": s, "hb_p": p}
+    out.update(hb_aog=b * nh * hd * 4, hb_is=b * nh * 4, hb_s=s, hb_p=p)
+    return out
 
 
 def need(plan, b: int, pos0: int, cfg: BigCfg) -> dict:
@@ -138,12 +166,14 @@ def chunk_need(plan, b: int, pos0: int, cfg: BigCfg) -> dict:
 
 def _candidates(plan, b: int, cfg: BigCfg):
     """cfg, then each shrink step in turn: one-band expansion, no up-front score sizing, halved
-    attention passes, halved pieces (multiples of SCAN_ROWS)."""
+    attention passes (these two only where attention keeps scores in memory, not `flash`),
+    halved pieces (multiples of SCAN_ROWS)."""
     yield cfg
     steps = [replace(cfg, wd_bytes=min(cfg.wd_bytes, 16 * wmax(plan)[1] * 2))]
-    steps.append(replace(steps[-1], hint=0))
-    while steps[-1].att_rows > MIN_ATT:
-        steps.append(replace(steps[-1], att_rows=max(steps[-1].att_rows // 2, MIN_ATT)))
+    if not flash(plan):
+        steps.append(replace(steps[-1], hint=0))
+        while steps[-1].att_rows > MIN_ATT:
+            steps.append(replace(steps[-1], att_rows=max(steps[-1].att_rows // 2, MIN_ATT)))
     while steps[-1].rows > SCAN_ROWS:
         steps.append(replace(steps[-1], rows=max(round_up(steps[-1].rows // 2, SCAN_ROWS), SCAN_ROWS)))
     for prev, c in zip([cfg, *steps], steps):

@@ -53,12 +53,14 @@ def rmsnorm_h(x: np.ndarray, w: np.ndarray, eps: float, gemma: bool) -> np.ndarr
 
 
 def gdn_conv(raw: np.ndarray, ring: np.ndarray, taps: np.ndarray) -> np.ndarray:
-    """`hy_gdn_conv32`: raw [n, cdim] after ring [kk-1, cdim], taps [cdim, kk] -> silu(conv) [n, cdim]."""
+    """`hy_gdn_conv32` before its L2 norms: raw [n, cdim] after ring [kk-1, cdim], taps [cdim, kk] ->
+    silu(conv) [n, cdim]."""
     return conv_silu(ring, raw, taps)[0]
 
 
 def gdn_prep(cq: np.ndarray, nk: int, dk: int) -> np.ndarray:
-    """`hy_gdn_prep32`: q and k heads of cq [n, cdim] L2-normed, q then times 1/sqrt(dk) (a copy)."""
+    """`hy_gdn_conv32`'s L2 norms: q and k heads of cq [n, cdim] L2-normed, q then times 1/sqrt(dk)
+    (a copy)."""
     return qk_norm(cq, nk, dk)
 
 

@@ -35,9 +35,10 @@ class HFuncs(MmaFuncs):
                      finish="hy_finish", argmax="hy_argmax", gather="hy_embed_gather", to_half="hy_to_half",
                      # the prompt path's (kernels/hyb_big.cuh, hyb_gdn_chunk.cuh, hybrid/big.py)
                      expand_p="hy_expand_p", expand_pr="hy_expand_pr", rmsnorm="hy_rmsnorm",
-                     conv32="hy_gdn_conv32", ring="hy_gdn_ring", prep32="hy_gdn_prep32", gb32="hy_gdn_gb32",
+                     conv32="hy_gdn_conv32", ring="hy_gdn_ring", gb32="hy_gdn_gb32",
                      wy="hy_gdn_wy", chunk="hy_gdn_chunk", out_h="hy_gdn_out_h", q_half_g="hy_q_half_g",
-                     softmax_h="hy_softmax_h", attn_out="hy_attn_out", silu_pair="hy_silu_pair_half")
+                     softmax_h="hy_softmax_h", attn_out="hy_attn_out", silu_pair="hy_silu_pair_half",
+                     flash="hy_flash_h")
         for attr, name in names.items():
             setattr(self, attr, module.func(name))
 

@@ -1,9 +1,9 @@
 // The prompt path's kernels (the reference's `big`: a chunk of more than NMAX rows on cuBLAS).
 // Weights expand from the repacked q4tp layout (hyb_mma.cuh's header) into one dense f16 plane
 // that cuBLAS multiplies; the kernels here are the glue between those GEMMs: norms to f16, the
-// GDN chunk (conv, ring, L2 norms, gates, gated norm; the chunked delta rule is in
-// hyb_gdn_chunk.cuh), attention's softmax and output over the two batched GEMMs a KV group, and
-// the FFN middle.
+// GDN chunk (conv with the L2 norms, ring, gates, gated norm; the chunked delta rule is in
+// hyb_gdn_chunk.cuh), attention's softmax and output over the two batched GEMMs a KV group (where
+// hy_flash_h of hyb_flash.cuh does not take attention whole), and the FFN middle.
 //
 // Layouts shared with the small path (hyb_gdn.cuh, hyb_attn.cuh): raw [n][qs], ring [kk-1][cdim],
 // taps [cdim][kk], cq [n][cdim] (q | k | v), gb [n][2*nv] (decay | beta), S [nv][dk][dv], K/V
@@ -37,6 +37,11 @@ __device__ __forceinline__ float hb_block_max(float v, float* red) {
     float m = red[0];
     for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, red[w]);
     return m;
+}
+
+// Two f32 values as packed f16 (the first in the low half).
+__device__ __forceinline__ u32 hb_h2(float lo, float hi) {
+    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
 }
 
 // Tiles [t0, t0 + nt) of a repacked q4tp matrix as f16 rows: band row (t - t0) * 16 + i is
@@ -119,31 +124,57 @@ extern "C" __global__ void hy_rmsnorm(const float* x, const float* w, f16* y, in
     }
 }
 
-// hy_gdn_conv32: the causal depthwise conv + SiLU over a chunk's raw rows after the ring:
-//   cq[r][c] = silu(sum_j taps[c][j] * x_{r-kk+1+j}[c]), x_m = raw row m (m >= 0) or ring row
-//   kk - 1 + m (m < 0); j ascending.
-// Thread k takes the channels 4 (k % (cdim / 4)) .. + 3 of row k / (cdim / 4) (16-byte row loads).
+// hy_gdn_conv32: the causal depthwise conv + SiLU over a chunk's raw rows after the ring, then
+// the q and k heads L2-normed, in one pass over the rows:
+//   y[r][c] = silu(sum_j taps[c][j] * x_{r-kk+1+j}[c]), x_m = raw row m (m >= 0) or ring row
+//   kk - 1 + m (m < 0); j ascending; then per row and head u < 2 nk (channels 128 u .. + 127):
+//   y = y / sqrt(sum y^2 + 1e-6), q heads (u < nk) then times 1 / sqrt(128); cq = y.
+// Thread k takes the channels 4 (k % (cdim / 4)) .. + 3 of rows HB_CONV_R (k / (cdim / 4)) ..
+// + HB_CONV_R - 1 (16-byte row loads; its taps read once for them), so a warp holds one head of
+// those rows and sums its squares by shuffles.
 // Pointers: raw [n][qs] f32, ring [kk-1][cdim] f32 (read only; 0 when kk == 1), taps [cdim][kk] f32,
-// cq [n][cdim] f32 out, 16-byte aligned. Grid ceil(n * cdim / 4 / 256) (more threads return at
-// once), block 256. Assumes cdim % 4 == 0, qs % 4 == 0.
+// cq [n][cdim] f32 out, 16-byte aligned. Grid ceil(ceil(n / HB_CONV_R) * cdim / 4 / 256) (more
+// threads return at once, whole warps), block 256. Assumes dk == 128, cdim % 128 == 0, qs % 4 == 0.
+#define HB_CONV_R 8
 extern "C" __global__ void hy_gdn_conv32(const float* raw, int qs, const float* ring, const float* taps, float* cq,
-                                         int n, int cdim, int kk) {
+                                         int n, int cdim, int kk, int nk) {
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int c4 = cdim >> 2;
-    if (idx >= (size_t)n * c4) return;
-    const int r = (int)(idx / c4), c = (int)(idx % c4) * 4;
-    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    if (idx >= (size_t)((n + HB_CONV_R - 1) / HB_CONV_R) * c4) return;
+    const int r0 = (int)(idx / c4) * HB_CONV_R, c = (int)(idx % c4) * 4;
+    float acc[HB_CONV_R][4];
+#pragma unroll
+    for (int i = 0; i < HB_CONV_R; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     for (int j = 0; j < kk; ++j) {
-        const int m = r - (kk - 1) + j;
-        const float4 x = m >= 0 ? *(const float4*)(raw + (size_t)m * qs + c)
-                                : *(const float4*)(ring + (size_t)(kk - 1 + m) * cdim + c);
         const float* tp = taps + (size_t)c * kk + j;
-        a0 += tp[0] * x.x;
-        a1 += tp[kk] * x.y;
-        a2 += tp[2 * kk] * x.z;
-        a3 += tp[3 * kk] * x.w;
+        const float t0 = tp[0], t1 = tp[kk], t2 = tp[2 * kk], t3 = tp[3 * kk];
+#pragma unroll
+        for (int i = 0; i < HB_CONV_R; ++i) {
+            // rows past n redo row n - 1 (kept in bounds, never stored)
+            const int m = min(r0 + i, n - 1) - (kk - 1) + j;
+            const float4 x = m >= 0 ? *(const float4*)(raw + (size_t)m * qs + c)
+                                    : *(const float4*)(ring + (size_t)(kk - 1 + m) * cdim + c);
+            acc[i][0] += t0 * x.x;
+            acc[i][1] += t1 * x.y;
+            acc[i][2] += t2 * x.z;
+            acc[i][3] += t3 * x.w;
+        }
     }
-    *(float4*)(cq + (size_t)r * cdim + c) = make_float4(siluf_(a0), siluf_(a1), siluf_(a2), siluf_(a3));
+    // a warp's lanes share the row and the head (cdim % 128 == 0): the branch is warp-uniform
+    const bool normed = c < 2 * nk * 128;
+    const float qscale = c < nk * 128 ? 1.0f / sqrtf(128.0f) : 1.0f;
+#pragma unroll
+    for (int i = 0; i < HB_CONV_R; ++i) {
+        float y0 = siluf_(acc[i][0]), y1 = siluf_(acc[i][1]), y2 = siluf_(acc[i][2]), y3 = siluf_(acc[i][3]);
+        if (normed) {
+            const float den = sqrtf(warp_sum(y0 * y0 + y1 * y1 + y2 * y2 + y3 * y3) + 1e-6f);
+            y0 = y0 / den * qscale;
+            y1 = y1 / den * qscale;
+            y2 = y2 / den * qscale;
+            y3 = y3 / den * qscale;
+        }
+        if (r0 + i < n) *(float4*)(cq + (size_t)(r0 + i) * cdim + c) = make_float4(y0, y1, y2, y3);
+    }
 }
 
 // hy_gdn_ring: the conv ring after the chunk's n raw rows: ring'[j] = ([ring ; raw])[n + j],
@@ -159,49 +190,49 @@ extern "C" __global__ void hy_gdn_ring(float* ring, const float* raw, int qs, in
     }
 }
 
-// hy_gdn_prep32: the q and k heads of the conv rows L2-normed in place, x / sqrt(sum x^2 + 1e-6),
-// q heads then times 1 / sqrt(dk). Block b: row b / (2 nk), head u = b % (2 nk) (u < nk: q head u;
-// else k head u - nk), thread t its channel u * dk + t.
-// Pointers: cq [n][cdim] f32 (in/out). Grid (n * 2 * nk, 1), block dk (a multiple of 32, <= 1024).
-extern "C" __global__ void hy_gdn_prep32(float* cq, int cdim, int nk, int dk) {
-    __shared__ float red[32];
-    const int r = blockIdx.x / (2 * nk), u = blockIdx.x % (2 * nk);
-    float* p = cq + (size_t)r * cdim + (size_t)u * dk + threadIdx.x;
-    float y = *p;
-    y = y / sqrtf(hb_block_sum(y * y, red) + 1e-6f);
-    if (u < nk) y = y * (1.0f / sqrtf((float)dk));
-    *p = y;
-}
-
-// hy_gdn_gb32: the gates of each row and value head from the f32 projections ab [n][2 nv] (a | b):
+// hy_gdn_gb32: the gates of each row and value head from the f32 projections ab [n][abs] (a | b
+// in the first 2 nv columns of each row):
 //   g = -exp(a_log[h]) * softplus(a + dt_bias[h]); gb[r][h] = exp(g); gb[r][nv + h] = sigmoid(b).
-// Pointers: ab [n][2 nv] f32, a_log, dt_bias [nv] f32, gb [n][2 nv] f32 out.
+// Pointers: ab f32 (row stride abs), a_log, dt_bias [nv] f32, gb [n][2 nv] f32 out.
 // Grid ceil(n * nv / 256), block 256.
-extern "C" __global__ void hy_gdn_gb32(const float* ab, const float* a_log, const float* dt_bias, float* gb, int n,
-                                       int nv) {
+extern "C" __global__ void hy_gdn_gb32(const float* ab, int abs, const float* a_log, const float* dt_bias, float* gb,
+                                       int n, int nv) {
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)n * nv) return;
     const size_t r = idx / nv;
     const int h = (int)(idx % nv);
-    const float g = -expf(a_log[h]) * softplusf_(ab[r * 2 * nv + h] + dt_bias[h]);
+    const float g = -expf(a_log[h]) * softplusf_(ab[r * abs + h] + dt_bias[h]);
     gb[r * 2 * nv + h] = expf(g);
-    gb[r * 2 * nv + nv + h] = sigmoidf_(ab[r * 2 * nv + nv + h]);
+    gb[r * 2 * nv + nv + h] = sigmoidf_(ab[r * abs + nv + h]);
 }
 
 // The chunked delta rule (hy_gdn_wy, hy_gdn_chunk) is in hyb_gdn_chunk.cuh.
 
 // hy_gdn_out_h: gated RMSNorm of one head of one row to f16 (the out projection's GEMM operand):
 //   y = f16(o / sqrt(mean(o^2) + eps) * norm * silu(z)) (Qwen3.5: the plain norm weight).
+// Warp w of a block takes head blockIdx.x * 8 + w (row r = that / nv, head h = that % nv), lane l
+// its channels 4 l + 128 q (16-byte loads), the sum of squares by shuffles.
 // Pointers: o [n][nv * dv] f32; z [n][zs] f32 (head h at h * dv); norm [dv] f32; y [n][nv * dv]
-// f16 out. Grid (n * nv, 1), block dv threads (a multiple of 32, at most 1024).
+// f16 out; 16-byte aligned. Grid ceil(n * nv / 8), block 256. Assumes dv % 128 == 0, zs % 4 == 0.
 extern "C" __global__ void hy_gdn_out_h(const float* o, const float* z, int zs, const float* norm, f16* y, int nv,
-                                        int dv, float eps) {
-    __shared__ float red[32];
-    const int r = blockIdx.x / nv, h = blockIdx.x % nv, j = threadIdx.x;
-    const size_t at = (size_t)r * nv * dv + (size_t)h * dv + j;
-    const float x = o[at];
-    const float ms = hb_block_sum(x * x, red) / (float)dv;
-    y[at] = f32_to_f16(x / sqrtf(ms + eps) * norm[j] * siluf_(z[(size_t)r * zs + (size_t)h * dv + j]));
+                                        int dv, float eps, int n) {
+    const int u = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (u >= n * nv) return;
+    const int r = u / nv, h = u % nv;
+    const float* orow = o + (size_t)r * nv * dv + (size_t)h * dv;
+    float ss = 0.0f;
+    for (int j = 4 * lane; j < dv; j += 128) {
+        const float4 v = *(const float4*)(orow + j);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    const float den = sqrtf(warp_sum(ss) / (float)dv + eps);
+    const float* zrow = z + (size_t)r * zs + (size_t)h * dv;
+    for (int j = 4 * lane; j < dv; j += 128) {
+        const float4 v = *(const float4*)(orow + j), g = *(const float4*)(zrow + j), w = *(const float4*)(norm + j);
+        *(uint2*)(y + (size_t)r * nv * dv + (size_t)h * dv + j) =
+            make_uint2(hb_h2(v.x / den * w.x * siluf_(g.x), v.y / den * w.y * siluf_(g.y)),
+                       hb_h2(v.z / den * w.z * siluf_(g.z), v.w / den * w.w * siluf_(g.w)));
+    }
 }
 
 // hy_q_half_g: the rotated queries (hy_qk's qg) as f16 in group-major order for the score GEMM:

@@ -517,3 +517,5 @@ extern "C" __global__ void __launch_bounds__(32 * HB_CW, 1)
         *(float4*)(sg + (size_t)i * HB_D + j) = *(const float4*)(ss + i * HB_LDJ + j);
     }
 }
+
+#include "hyb_flash.cuh"

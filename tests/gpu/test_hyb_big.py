@@ -6,7 +6,8 @@ residual row) must be within relative RMS 2e-2 of the host prefill's (f16 GEMMs)
 argmax. The states it leaves (K/V mirror rows, GDN state at the prompt's end) then continue into
 card decode steps (`api.token`) that agree with the host's decode within the same tolerance: after
 an f16 prefill the small path's 1e-3 cannot hold, the card's state being the f16 prefill's.
-Also with a 1 MiB expansion band (every weight in bands) and 16-row attention passes.
+Also with a 1 MiB expansion band (every weight in bands) and 16-row attention passes (the score
+GEMMs in place of hy_flash_h).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from cortiq_drv import knobs
+from cortiq_drv.hybrid import bigfit
 
 pytestmark = pytest.mark.gpu
 
@@ -62,7 +64,9 @@ def test_mid_prompt_matches_host(mid_arm, n, chunk):
 
 
 def test_bands_and_short_passes(mid_arm, monkeypatch):
-    """Every weight expanded in 1 MiB bands, attention in 16-row passes."""
+    """Every weight expanded in 1 MiB bands (the stacked GEMMs then one each), attention as the
+    score GEMM passes (not hy_flash_h) of 16 rows."""
+    monkeypatch.setattr(bigfit, "FLASH", False)
     monkeypatch.setenv("CMF_HYB_WD_MB", "1")
     monkeypatch.setenv("CMF_HYB_ATT_ROWS", "16")
     knobs.reset()

@@ -4,7 +4,7 @@ numpy references (hybrid/kernels_big_ref.py) and the small path's (kernels_ref),
 Tolerances: f16 outputs within one f16 rounding step of the reference's (their f32 inputs differ
 by a few f32 ulps: exp2f, expf, another summation order), the expansion at least 99.9% bit-equal;
 f32 glue relative RMS <= 1e-6 (the ring: bytes); the chunked delta rule against the serial scan
-<= 2e-5 (regrouped f32 sums, 3xTF32 products); attention through cuBLAS's f16 GEMMs against exact
+<= 2e-5 (regrouped f32 sums, 3xTF32 products); attention through cuBLAS's f16 GEMMs, and hy_flash_h, against exact
 attention <= 3e-3.
 """
 
@@ -16,7 +16,7 @@ from _dev import rel_rms
 from cortiq_drv.cu import kargs
 from cortiq_drv.hybrid import kernels_big_ref as br
 from cortiq_drv.hybrid import kernels_ref as kr
-from cortiq_drv.hybrid.big import CHUNK_SMEM, CHUNK_WARPS, WY_SMEM, attend
+from cortiq_drv.hybrid.big import CHUNK_SMEM, CHUNK_WARPS, CONV_ROWS, WY_SMEM, attend, flash_smem
 from cortiq_drv.hybrid.repack import random_q4tp, repack_q4tp
 
 pytestmark = pytest.mark.gpu
@@ -113,14 +113,15 @@ def test_gdn_glue(ctx, kern, dev, n):
     nk, nv, cdim, kk = c["nk"], c["nv"], c["cdim"], c["kk"]
     raw, ring = dev.put(c["raw"]), dev.put(c["ring"])
     cq = dev.new(n * cdim * 4)
-    ctx.launch(kern("hy_gdn_conv32"), grid(n * cdim), 256, 0,
-               kargs("QiQQQiii", raw, cdim, ring, dev.put(c["taps"]), cq, n, cdim, kk))
+    ctx.launch(kern("hy_gdn_conv32"), grid(-(-n // CONV_ROWS) * cdim // 4), 256, 0,
+               kargs("QiQQQiiii", raw, cdim, ring, dev.put(c["taps"]), cq, n, cdim, kk, nk))
     ctx.launch(kern("hy_gdn_ring"), grid(cdim), 256, 0, kargs("QQiiii", ring, raw, cdim, n, cdim, kk))
-    ctx.launch(kern("hy_gdn_prep32"), (n * 2 * nk, 1), 128, 0, kargs("Qiii", cq, cdim, nk, 128))
     ab = np.concatenate([c["xn"] @ c["aw"].T, c["xn"] @ c["bw"].T], axis=1).astype(F32)
+    # a | b inside wider rows, as big's one GEMM leaves them
+    abw = np.ascontiguousarray(np.pad(ab, ((0, 0), (0, 6)), constant_values=np.nan))
     gb = dev.new(n * 2 * nv * 4)
     ctx.launch(kern("hy_gdn_gb32"), grid(n * nv), 256, 0,
-               kargs("QQQQii", dev.put(ab), dev.put(c["a_log"]), dev.put(c["dt_bias"]), gb, n, nv))
+               kargs("QiQQQii", dev.put(abw), 2 * nv + 6, dev.put(c["a_log"]), dev.put(c["dt_bias"]), gb, n, nv))
     want_cq = br.gdn_prep(br.gdn_conv(c["raw"], c["ring"], c["taps"]), nk, 128)
     assert rel_rms(dev.get(cq, F32, (n, cdim)), want_cq) < 1e-6
     assert dev.get(ring, F32, (kk - 1, cdim)).tobytes() == kr.ring_move(c["ring"], c["raw"]).tobytes()
@@ -183,8 +184,8 @@ def test_gdn_out_h(ctx, kern, dev):
     zs = np.ascontiguousarray(np.pad(z, ((0, 0), (0, 32))))
     norm = rng.uniform(0.5, 1.5, 128).astype(F32)
     y = dev.new(7 * 512 * 2)
-    ctx.launch(kern("hy_gdn_out_h"), (7 * 4, 1), 128, 0,
-               kargs("QQiQQiif", dev.put(o), dev.put(zs), 544, dev.put(norm), y, 4, 128, 1e-6))
+    ctx.launch(kern("hy_gdn_out_h"), (-(-7 * 4 // 8), 1), 256, 0,
+               kargs("QQiQQiifi", dev.put(o), dev.put(zs), 544, dev.put(norm), y, 4, 128, 1e-6, 7))
     assert f16_steps(dev.get(y, F16, (7, 512)), br.gdn_out_h(o, z, norm, 4, 1e-6)).max() <= 1
 
 
@@ -252,3 +253,27 @@ def test_attention_passes_on_cublas(ctx, kern, dev, n0, n, att_rows, hpk, hd):
                kargs("QQQQiiii", aog, bis, dev.put(gate), out, nh, n, hpk, hd))
     want = kr.attention(qg, kmir, vmir, n0, scale, gate)
     assert rel_rms(dev.get(out, F16, (n, nh * hd)).astype(F32), want) < 3e-3
+
+
+@pytest.mark.parametrize("n0,n,hpk,hd,gated", [(0, 40, 4, 256, True), (100, 300, 4, 256, True), (5, 77, 2, 128, False),
+                                               (0, 1, 4, 256, True), (33, 129, 2, 128, True)])
+def test_flash_attention(ctx, kern, dev, n0, n, hpk, hd, gated):
+    """hy_flash_h (queries as hy_qk's f16 copy, rows [n0, n0 + n) of the mirror just written)
+    against exact attention; the mirror rows past them hold NaN, which no output may see."""
+    rng = np.random.default_rng(n0 + n + hpk)
+    nkv = 2
+    nh = nkv * hpk
+    kmir = rng.standard_normal((n0 + n, nkv, hd)).astype(F16)
+    vmir = rng.standard_normal((n0 + n, nkv, hd)).astype(F16)
+    nan = np.full((40, nkv, hd), np.nan, F16)
+    qg = rng.standard_normal((n, nh, hd)).astype(F32)
+    gate = rng.standard_normal((n, nh, hd)).astype(F32) if gated else None
+    scale = 1 / np.sqrt(hd)
+    out = dev.new(n * nh * hd * 2)
+    ctx.launch(kern("hy_flash_h", hpk, hd), (-(-n // 16), nkv), 32 * hpk, flash_smem(hpk, hd),
+               kargs("QQQQQiiif", dev.put(qg.astype(F16)), dev.put(np.concatenate([kmir, nan])),
+                     dev.put(np.concatenate([vmir, nan])), dev.put(gate) if gated else 0, out, n, n0, nkv, scale))
+    want = kr.attention(qg, kmir, vmir, n0, scale, gate)
+    got = dev.get(out, F16, (n, nh * hd)).astype(F32)
+    assert np.isfinite(got).all()
+    assert rel_rms(got, want) < 3e-3

@@ -17,10 +17,10 @@ import _fakecard
 from cortiq_drv.cmf import q4tp
 from cortiq_drv.graph import GraphAttn, SpecTail
 from cortiq_drv.hybrid.admit import admit
-from cortiq_drv.hybrid.plan import plan_for
+from cortiq_drv.hybrid.plan import GdnL, plan_for
 from cortiq_drv.hybrid.state import HState
 from cortiq_drv.host.ops import F32, rms_norm, silu
-from cortiq_drv.hybrid import api
+from cortiq_drv.hybrid import api, bigfit
 from cortiq_drv.hybrid import kernels_big_ref as br
 from cortiq_drv.hybrid import kernels_ref as kr
 from cortiq_drv.hybrid.big import _Mul, _Stages, att_passes, big
@@ -231,19 +231,30 @@ def test_big_launches_match_the_kernel_signatures(hyb_tiny):
     assert all(m.stored == 57 for m in hs.kv.values())
 
 
-def test_big_gemm_shapes(hyb_tiny):
+@pytest.mark.parametrize("flash", [False, True])
+def test_big_gemm_shapes(hyb_tiny, monkeypatch, flash):
+    monkeypatch.setattr(bigfit, "FLASH", flash)
     hs, ctx, p, g = _prompt(hyb_tiny, [40, 17])
     weights = [x for x in ctx.gemms if x[0] == "gemm"]
-    # q, k, v, o or qkv, z, a, b, out; then gate/up and down, per layer and chunk
-    per_layer = [6 if isinstance(l.attn, GraphAttn.Full) else 7 for l in g.layers]
-    assert len(weights) == 2 * sum(per_layer)
+    # q | k | v or qkv | z | a | b as one GEMM (bigfit's strides), o or out; gate/up and down, per
+    # layer and chunk
+    assert len(weights) == 2 * 4 * len(g.layers)
     assert {x[2] for x in weights} == {40, 17}
+    stacks = {(x[1], x[6]) for x in weights if x[7] == 0.0 and x[4] == 1.0 and x[1] == x[6]}
+    want = {(bigfit.gdn_stride(l.mix), bigfit.gdn_stride(l.mix)) if isinstance(l.mix, GdnL) else
+            (bigfit.attn_stride(l.mix, g.nkv, g.hd),) * 2 for l in p.layers}
+    assert want <= stacks
     # down: alpha 16 into the residual (beta 1)
     inter = g.layers[0].ffn.gate.rows
     downs = [x for x in weights if x[4] == 16.0]
     assert len(downs) == 2 * len(g.layers) and all(x[3] == inter and x[7] == 1.0 for x in downs)
     hpk = g.nh // g.nkv
     scores = [x for x in ctx.gemms if x[0] == "batched" and x[1]]
+    if flash:
+        # attention in one kernel: no score GEMMs
+        assert not scores and [l.name for l in ctx.launches].count("hy_flash_h") == 2 * sum(
+            not isinstance(l.mix, GdnL) for l in p.layers)
+        return
     # one pass a chunk (att_rows 128); the second chunk's keys are every row so far
     assert [(x[2], x[3], x[4], x[11]) for x in scores] == [(40, 40 * hpk, g.hd, g.nkv), (57, 17 * hpk, g.hd, g.nkv)]
     assert all(x[5] == g.nkv * g.hd and x[6] == g.hd and x[10] == x[2] * x[3] for x in scores)

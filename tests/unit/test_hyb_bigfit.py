@@ -59,8 +59,10 @@ def env(monkeypatch):
     knobs.reset()
 
 
-@pytest.mark.parametrize("chunks,att,wd", [([40, 300], 128, 64), ([300, 100], 16, 1)])
-def test_need_is_what_big_takes(hyb_tiny, env, chunks, att, wd):
+@pytest.mark.parametrize("chunks,att,wd,flash", [([40, 300], 128, 64, True), ([40, 300], 128, 64, False),
+                                                 ([300, 100], 16, 1, False)])
+def test_need_is_what_big_takes(hyb_tiny, env, monkeypatch, chunks, att, wd, flash):
+    monkeypatch.setattr(bigfit, "FLASH", flash)
     env(CMF_HYB_ATT_ROWS=att, CMF_HYB_WD_MB=wd)
     hs, ctx, heap, p = _card(hyb_tiny)
     g = hyb_tiny[1]
@@ -96,13 +98,20 @@ def test_fit_keeps_the_configuration_when_it_fits(hyb_tiny):
     assert f.cfg == cfg and f.release == () and f.sizes == bigfit.chunk_need(p, 300, 0, cfg)
 
 
-def test_fit_shrinks_in_order_then_declines(hyb_tiny):
+@pytest.mark.parametrize("flash", [False, True])
+def test_fit_shrinks_in_order_then_declines(hyb_tiny, monkeypatch, flash):
+    monkeypatch.setattr(bigfit, "FLASH", flash)
     _, _, _, p = _card(hyb_tiny)
+    assert bigfit.flash(p) == flash
     cfg = bigfit.BigCfg(300, 64 * MiB, 128, 4096)
     steps = list(bigfit._candidates(p, 300, cfg))
-    assert steps[0] == cfg and steps[1].wd_bytes == 16 * bigfit.wmax(p)[1] * 2 and steps[2].hint == 0
-    assert [c.att_rows for c in steps[2:6]] == [128, 64, 32, 16]
-    assert [c.rows for c in steps[5:]] == [300, 192, 128, 64]
+    assert steps[0] == cfg and steps[1].wd_bytes == 16 * bigfit.wmax(p)[1] * 2
+    if flash:
+        # no scores in memory: nothing to shrink in attention
+        assert [c.rows for c in steps[1:]] == [300, 192, 128, 64]
+    else:
+        assert steps[2].hint == 0 and [c.att_rows for c in steps[2:6]] == [128, 64, 32, 16]
+        assert [c.rows for c in steps[5:]] == [300, 192, 128, 64]
     totals = [sum(bigfit.chunk_need(p, 300, 0, c).values()) for c in steps]
     assert all(a > b for a, b in zip(totals, totals[1:]))
     fixed = 50 * MiB
