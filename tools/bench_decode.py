@@ -151,7 +151,7 @@ def _device_ms(hs, cmf, g, reps: int) -> tuple:
     from cortiq_drv.hybrid.graphs import graph_key
 
     plan = hs.plans.get((cmf.uid, 0, len(g.layers), True))
-    rec = None if plan is None else hs.graphs.get(graph_key(plan, KV_ID, 0, 1, False, True, (), True))
+    rec = None if plan is None else hs.graphs.get(graph_key(plan, KV_ID, 0, 1, False, True, (), True, True))
     if rec is None:
         return None, None
     launch_ns = []
@@ -228,7 +228,7 @@ def _host_sections(hs, cmf, g, geo, pos: int, rng, steps: int = 32) -> dict:
     from cortiq_drv.cu import driver
     from cortiq_drv.hybrid import api, graphs
 
-    spots = [(api, "plan_for"), (api, "admit"), (graphs, "book"), (api, "_upload_row_pinned"),
+    spots = [(api, "plan_for"), (api, "admit"), (graphs, "book"), (api, "_stage_row"),
              (driver, "memcpy_htod_async"), (driver, "graph_launch"), (driver, "memcpy_dtoh_async"),
              (driver, "stream_sync"), (api, "token")]
     ns = {name: 0 for _, name in spots}

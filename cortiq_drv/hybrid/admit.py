@@ -10,7 +10,7 @@ another row is a hard refusal (the card moved it and the host has no copy to go 
 
 from __future__ import annotations
 
-from operator import is_
+from operator import attrgetter, is_
 
 import numpy as np
 
@@ -109,32 +109,41 @@ def _gdn(hs, plan, g: GdnL, l, key, li: int, pos0: int):
     return None
 
 
+_NEXT_POS, _STORED, _CAP = attrgetter("next_pos"), attrgetter("stored"), attrgetter("cap")
+
+
 def _still_held(hs, held, layers, pos0: int, n: int) -> bool:
     """`admit`'s cheap path: the descriptors and every layer's state object are the ones the last
     full admission of this (plan, sequence, first layer) resolved, each already at pos0 with room
-    for n rows, so the full pass would change nothing."""
-    descs, gdn, kv = held[:3]
+    for n rows, so the full pass would change nothing (the loops run in C: map, set, min)."""
+    descs, gkeys, gdn, kkeys, kv = held[:5]
     if len(descs) != len(layers) or not all(map(is_, descs, layers)):
         return False
-    if not all(hs.gdn.get(k) is gs and gs.next_pos == pos0 for k, gs in gdn):
+    if not all(map(is_, map(hs.gdn.get, gkeys), gdn)) or not set(map(_NEXT_POS, gdn)) <= {pos0}:
         return False
-    return all(hs.kv.get(k) is m and m.stored == pos0 and pos0 + n <= m.cap for k, m in kv)
+    if not all(map(is_, map(hs.kv.get, kkeys), kv)) or not set(map(_STORED, kv)) <= {pos0}:
+        return False
+    return min(map(_CAP, kv), default=pos0 + n) >= pos0 + n
 
 
 def _hold(hs, plan, layers, kv_id: int, layer_base: int) -> tuple:
-    """What a full admission resolved: (descriptors, [(key, GdnState)], [(key, KvMirror)], every
-    layer's buffers in `book`'s order, their pointers). A state's buffers never move while it is
-    held (a grown mirror fails `_still_held` first: the grown room is set up by a full pass)."""
-    gdn, kv, views = [], [], []
+    """What a full admission resolved: (descriptors, GDN keys, their GdnStates, attention keys,
+    their KvMirrors, every layer's buffers in `book`'s order, their pointers). A state's buffers
+    never move while it is held (a grown mirror fails `_still_held` first: the grown room is set
+    up by a full pass)."""
+    gkeys, gdn, kkeys, kv, views = [], [], [], [], []
     for li, pl in enumerate(plan.layers):
         k = (kv_id, layer_base + li)
         if isinstance(pl.mix, GdnL):
-            gdn.append((k, hs.gdn[k]))
-            views.append(gdn[-1][1].views())
+            gkeys.append(k)
+            gdn.append(hs.gdn[k])
+            views.append(gdn[-1].views())
         else:
-            kv.append((k, hs.kv[k]))
-            views.append((kv[-1][1].k, kv[-1][1].v))
-    return tuple(layers), gdn, kv, views, tuple(b.ptr for bufs in views for b in bufs)
+            kkeys.append(k)
+            kv.append(hs.kv[k])
+            views.append((kv[-1].k, kv[-1].v))
+    return (tuple(layers), tuple(gkeys), tuple(gdn), tuple(kkeys), tuple(kv), views,
+            tuple(b.ptr for bufs in views for b in bufs))
 
 
 def admit(hs, plan, layers, kv_id: int, layer_base: int, pos0: int, n: int, hint: int):

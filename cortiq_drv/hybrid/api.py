@@ -71,16 +71,13 @@ def _rope_row(plan, position: int) -> np.ndarray:
     return rows[position - p0]
 
 
-def _upload_row_pinned(hs, plan, h: np.ndarray, position: int) -> None:
-    """`_upload_rows` for one row through pinned staging (`token`, which syncs before it returns)."""
-    hin = hs.pin("h", np.float32, plan.hidden)
-    hin[:] = h.reshape(-1)
-    plan.rows.h.upload_async(hin)
-    half = plan.invf.size
-    if half:
-        tab = hs.pin("tab", np.float32, 2 * half)
-        tab[:] = _rope_row(plan, position)
-        plan.rows.tab.upload_async(tab)
+def _stage_row(plan, h: np.ndarray, position: int) -> None:
+    """A token's residual row and RoPE row into the plan's pinned host twin (`RowIO`), which the
+    step's graph reads, with the call records, in its first kernel."""
+    io = plan.rows.io
+    io.h_h[:] = h.reshape(-1)
+    if plan.invf.size:
+        io.tab_h[:] = _rope_row(plan, position)
 
 
 def token(hs, cmf, kv_id: int, layers, invf, h: np.ndarray, *, nh: int, nkv: int, hd: int,
@@ -142,33 +139,28 @@ def _into(dst: np.ndarray | None, n: int) -> np.ndarray | None:
 
 
 def _token_run(hs, plan, kv_id, layers, h, position, cap, logits, pick, layer_base, hidden_too, kt) -> None:
-    _upload_row_pinned(hs, plan, h, position)
+    _stage_row(plan, h, position)
     taps = tap_slots(hs, len(layers), layer_base, plan.hidden) or ()
-    dpick = hs.scr("hy_pick", NMAX * 4) if pick is not None else None
+    io = plan.rows.io
+    # the id and the row come back into the host twin inside the graph
     rows = run_small(hs, plan, kv_id, layer_base, position, 1, False, plan.lm is not None, cap, taps, kt,
-                     dpick, pinned=True)
+                     io.pick_host if pick is not None else None, staged=True)
     want_h = not rows or hidden_too
-    if dpick is not None:
-        ids = hs.pin("pick", np.int32, 1)
-        dpick.download_async(ids)
     # the logits straight into the caller's row where it can take the bytes as they are
     out = _into(logits, rows) if rows and logits is not None else None
     stage_out = rows and logits is not None and out is None
     if rows and logits is not None:
         out = np.empty(rows, dtype=np.float32) if stage_out else out
         plan.rows.logits.download_async(out)
-    if want_h:
-        hout = hs.pin("h out", np.float32, plan.hidden)
-        plan.rows.h.download_async(hout)
     hs.ctx.sync()
     if taps:
         hs.taps_out = taps_read(taps, 1, plan.hidden)
-    if dpick is not None:
-        pick.reshape(-1)[0] = ids[0]
+    if pick is not None:
+        pick.reshape(-1)[0] = io.pick_h[0]
     if stage_out:
         logits.reshape(-1)[:rows] = out
     if want_h:
-        h.reshape(-1)[:] = hout
+        h.reshape(-1)[:] = io.h_h
 
 
 def _quiet_sync(hs) -> None:
@@ -238,7 +230,7 @@ def _batch_run(hs, plan, kv_id, layer_base, layers, h, positions, cap, spec, arg
     taps = tap_slots(hs, len(layers), layer_base, hidden) or ()
     verify = spec is not None
     # a greedy verify: each row's argmax on the card (in the graph), the ids back, not the logits
-    dpick = hs.scr("hy_pick", NMAX * 4) if verify and argmax_out is not None else None
+    dpick = plan.rows.io.pick if verify and argmax_out is not None else None
     rows = run_small(hs, plan, kv_id, layer_base, positions[0], b, verify, verify, cap, taps, pick=dpick)
     out = None
     if dpick is not None:

@@ -73,22 +73,27 @@ def _scratch(hs, plan, keys_max: int, nbcap_max: int, kcap: int) -> tuple:
 
 
 def _advance(hs, plan, gdn, kv, views, lsig, pos0: int, n: int, tape: bool, kcap: int) -> Book:
-    """Move the resolved states' cursors past the call (`gdn`, `kv`: [(key, state)] as
-    `admit._hold` keeps them) and lay out its records; `lsig`: the layers' pointers, or None."""
+    """Move the resolved states' cursors past the call (`gdn`, `kv`: the GdnStates and KvMirrors
+    in layer order, as `admit._hold` keeps them) and lay out its records; `lsig`: the layers'
+    pointers, or None."""
     end, tp = pos0 + n, ((pos0, n) if tape else None)
-    for _, gs in gdn:
+    for gs in gdn:
         gs.next_pos = end
         gs.tape = tp
-    recs, last, keys_max, nbcap_max = [], None, 0, 0
-    for _, m in kv:
+    ci = np.empty((len(kv), 8), dtype=np.int32)
+    stored = {m.stored for m in kv}
+    recs = {s: record(s, n) for s in stored}
+    if len(recs) == 1:
         # the attention layers of a stack hold the same rows: one record for them all
-        if last is None or last[0] != m.stored:
-            last = record(m.stored, n)
-            keys_max, nbcap_max = max(keys_max, last[0] + n), max(nbcap_max, last[4])
-        recs.append(last)
+        ci[:] = recs[stored.pop()]
+    else:
+        for i, m in enumerate(kv):
+            ci[i] = recs[m.stored]
+    for m in kv:
         m.stored += n
-    ci = np.array(recs, dtype=np.int32).reshape(-1)
-    return Book(views, ci, _scratch(hs, plan, keys_max, nbcap_max, kcap), lsig)
+    keys_max = max((r[0] + n for r in recs.values()), default=0)
+    nbcap_max = max((r[4] for r in recs.values()), default=0)
+    return Book(views, ci.reshape(-1), _scratch(hs, plan, keys_max, nbcap_max, kcap), lsig)
 
 
 def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, kcap: int) -> Book:
@@ -96,7 +101,8 @@ def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, k
     states `admit` just resolved come as it held them; otherwise each layer's is looked up."""
     adm, hs.admitted = hs.admitted, None
     if adm is not None and adm[:3] == ((plan.id, kv_id, layer_base), pos0, n):
-        return _advance(hs, plan, *adm[3][1:], pos0, n, tape, kcap)
+        held = adm[3]
+        return _advance(hs, plan, held[2], held[4], held[5], held[6], pos0, n, tape, kcap)
     gdn, kv, views = [], [], []
     for li, pl in enumerate(plan.layers):
         key = (kv_id, layer_base + li)
@@ -104,12 +110,12 @@ def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, k
             gs = hs.gdn.get(key)
             if gs is None:
                 raise CortiqError(f"book: GDN state of layer {key[1]} missing")
-            gdn.append((key, gs))
+            gdn.append(gs)
             views.append(gs.views())
             continue
         m = hs.kv.get(key)
         if m is None or m.stored + n > m.cap:
             raise CortiqError(f"book: K/V mirror of layer {key[1]} missing or without room")
-        kv.append((key, m))
+        kv.append(m)
         views.append((m.k, m.v))
     return _advance(hs, plan, gdn, kv, views, None, pos0, n, tape, kcap)

@@ -87,42 +87,49 @@ def taps_read(slots, n: int, hidden: int) -> np.ndarray:
 
 
 def graph_key(plan, kv_id: int, layer_base: int, n: int, tape: bool, head: bool, taps,
-              pick: bool = False) -> tuple:
+              pick: bool = False, staged: bool = False) -> tuple:
     """A small-path graph's key: a call with taps records copies a call without them has not,
-    one with the pick an argmax one without it has not."""
-    return (plan.id, kv_id, layer_base, n, tape, head, tuple(l for l, _ in taps), pick)
+    one with the pick an argmax one without it has not, a staged one (a token) the copies of its
+    row in and out."""
+    return (plan.id, kv_id, layer_base, n, tape, head, tuple(l for l, _ in taps), pick, staged)
 
 
 def run_small(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, head: bool,
-              kcap: int, taps=(), kt: KtCtx | None = None, pick=None, pinned: bool = False) -> int:
-    """The small path over the rows in `plan.rows.h` (and `plan.rows.tab`, already queued), with
-    the head when `head` and each row's argmax into `pick` (a Buf of int32 [n]) when given:
-    book, upload the call records (through pinned staging when `pinned`: the caller syncs before
-    its next call), then replay the graph recorded with the same pointers, or record one now, or
-    launch directly. Returns the head's rows (0 without)."""
+              kcap: int, taps=(), kt: KtCtx | None = None, pick=None, staged: bool = False) -> int:
+    """The small path over the rows in `plan.rows.h` (and `plan.rows.tab`), with the head when
+    `head` and each row's argmax into `pick` (a Buf of int32 [n]) when given: book, upload the
+    call records, then replay the graph recorded with the same pointers, or record one now, or
+    launch directly. `staged` (a token): the row and its RoPE row wait in `plan.rows.io`'s pinned
+    host twin and the records join them there; the call's first kernel brings the three onto the
+    card and its last one takes the row back (`RowIO`: no copy call; the caller syncs before its
+    next call). Otherwise the rows are already queued and the records go on their own. Returns the
+    head's rows (0 without)."""
     bk = book(hs, plan, kv_id, layer_base, pos0, n, tape, kcap)
     rows = plan.lm[1] if head and plan.lm is not None else 0
     pick = pick if rows else None
-    if len(bk.ci):
-        ci = bk.ci
-        if pinned:
-            ci = hs.pin("ci", np.int32, len(ci))
-            ci[:] = bk.ci
-        plan.ci.upload_async(ci)
+    io = plan.rows.io
+    if staged:
+        io.ci_h[:len(bk.ci)] = bk.ci
+    elif len(bk.ci):
+        plan.ci.upload_async(bk.ci)
     hs.counters.calls_n[min(n, NMAX)] += 1
 
     def body(ctx, st=None):
+        if staged:
+            io.launch_in(ctx, plan.fx)
         launch(ctx, plan, bk, n, tape, taps, st)
         if head:
             head_launch(ctx, plan, n, st)
         if pick is not None:
             pick_launch(ctx, plan, n, pick)
+        if staged:
+            io.launch_out(ctx, plan.fx)
 
     if not graphs_on(hs, kt is not None):
         body(kt or hs.ctx, Stages(hs, n, hs.prof))
         hs.counters.launched_ns = time.perf_counter_ns()
         return rows
-    key = graph_key(plan, kv_id, layer_base, n, tape, head, taps, pick is not None)
+    key = graph_key(plan, kv_id, layer_base, n, tape, head, taps, pick is not None, staged)
     sig = bk.sig() + tuple(b.ptr for _, b in taps) + ((pick.ptr,) if pick is not None else ())
     rec = hs.graphs.get(key)
     hs.counters.graph_run += 1

@@ -17,6 +17,7 @@ from cortiq_drv.cu.args import kargs
 from cortiq_drv.hybrid.book import ATTN_NBLK
 from cortiq_drv.hybrid.mma import MmaFuncs, rmsnorm2
 from cortiq_drv.hybrid.plan import GdnL
+from cortiq_drv.hybrid.state import ARGMAX_BLOCKS
 
 # Stages of CMF_CUDA_PROF=1 on the small path, each closed by a stream sync.
 HSTAGES = ("norms", "gdn in", "gdn core", "gdn out", "attn in", "attn core", "attn out", "gate+up",
@@ -33,6 +34,7 @@ class HFuncs(MmaFuncs):
                      rs_scan="hy_gdn_restore_scan", rs_scan4="hy_gdn_restore_scan4",
                      rs_ring="hy_gdn_restore_ring", qk="hy_qk", scores="hy_scores", values="hy_values",
                      finish="hy_finish", argmax="hy_argmax", gather="hy_embed_gather", to_half="hy_to_half",
+                     copy16="hy_copy16",
                      # the prompt path's (kernels/hyb_big.cuh, hyb_gdn_chunk.cuh, hybrid/big.py)
                      expand_p="hy_expand_p", expand_pr="hy_expand_pr", rmsnorm="hy_rmsnorm",
                      conv32="hy_gdn_conv32", ring="hy_gdn_ring", gb32="hy_gdn_gb32",
@@ -185,9 +187,11 @@ def head_launch(ctx, plan, n: int, st: Stages | None = None) -> int:
 
 def pick_launch(ctx, plan, n: int, ids) -> None:
     """Each row's argmax over the head's rows (`hy_argmax`, the lowest index among equals) into
-    `ids` (int32 [n]): the head's row count is the sampleable ids', so padding is never picked."""
-    rows = plan.lm[1]
-    ctx.launch(plan.fx.argmax, (n, 1), 1024, 0, kargs("QiiQi", plan.rows.logits, rows, rows, ids, 0))
+    `ids` (int32 [n]): the head's row count is the sampleable ids', so padding is never picked.
+    ARGMAX_BLOCKS blocks a row, their parts and arrival counts in the plan's `RowIO`."""
+    rows, io = plan.lm[1], plan.rows.io
+    ctx.launch(plan.fx.argmax, (ARGMAX_BLOCKS, n), 256, 0,
+               kargs("QiiQiQQ", plan.rows.logits, rows, rows, ids, 0, io.apart, io.acnt))
 
 
 def rope_rows(invf: np.ndarray, positions, out: np.ndarray | None = None) -> np.ndarray:

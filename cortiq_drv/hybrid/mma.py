@@ -231,7 +231,10 @@ def split(ctx, fx, p: Planes, x, xstride: int, cols: int, n: int) -> None:
 
 def rmsnorm2(ctx, fx, x, w, xf, hidden: int, eps: float, gemma: bool, p: Planes, n: int) -> None:
     """Rows x [n][hidden] f32 RMS-normalised by w [hidden] (`1 + w` when `gemma`) into the planes
-    and, when `xf` is given, into xf [n][hidden] f32 (`hy_rmsnorm2`)."""
+    and, when `xf` is given, into xf [n][hidden] f32 (`hy_rmsnorm2`, which takes rows of whole
+    float4s)."""
+    if hidden % 4 or p.stride % 4:
+        raise CortiqError(f"rmsnorm2: hidden {hidden} and plane stride {p.stride} must be multiples of 4")
     args = kargs("QQQifiQQQi", x, w, xf, hidden, eps, int(gemma), p.p0, p.p1, p.p2, p.stride)
     ctx.launch(fx.rmsnorm2, (-(-hidden // 1024), n), 256, 0, args)
 

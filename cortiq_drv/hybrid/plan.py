@@ -22,7 +22,7 @@ from cortiq_drv.errors import CortiqError, Declined
 from cortiq_drv.graph import KIND_F32, GraphAttn, GraphW
 from cortiq_drv.hybrid.mma import KIND_Q4TP, JobSpec, Planes
 from cortiq_drv.hybrid.repack import planes_bytes
-from cortiq_drv.hybrid.state import NMAX, fp_f32
+from cortiq_drv.hybrid.state import NMAX, RowIO, fp_f32
 
 _PLAN_ID = itertools.count(1)
 WHAT = "hybrid plan"
@@ -102,7 +102,8 @@ class RowBufs:
     """The small path's rows, NMAX each (f32 unless said): the residual stream h [hidden], its
     norm xn, the projections q [qrow], k, v [nkv*hd], qg / gate [nh*hd] (hy_qk's outputs), the GDN
     rows qkv [cdmax], z, o, of [vdmax], the RoPE table tab [half][2], logits [lm rows], the bf16
-    planes pp0..2 [pstride] every matvec reads and the FFN middle's qq0, qq1 [pstride]."""
+    planes pp0..2 [pstride] every matvec reads and the FFN middle's qq0, qq1 [pstride]. h, tab (and
+    the plan's `ci`) are views of `io` (`state.RowIO`: a token's one upload and one download)."""
 
     h: object
     xn: object
@@ -122,6 +123,7 @@ class RowBufs:
     pp2: object
     qq0: object
     qq1: object
+    io: object
 
 
 @dataclass
@@ -267,13 +269,14 @@ def geometry(layers, lm, nh, nkv, hd, rd, hidden, invf) -> Geom:
     return Geom(hpk, rd // 2, qrow, cdmax, vdmax, nvmax, intermax, pstride)
 
 
-def _row_bufs(hs, g: Geom, nh, nkv, hd, hidden, lm_rows) -> RowBufs:
+def _row_bufs(hs, g: Geom, nh, nkv, hd, hidden, lm_rows, n_attn) -> RowBufs:
     """The small path's row buffers, NMAX rows each (sizes in bytes)."""
     f4 = lambda n: hs.card.new(max(n, 1) * 4)
-    b = dict(h=f4(NMAX * hidden), xn=f4(NMAX * hidden), q=f4(NMAX * g.qrow), k=f4(NMAX * nkv * hd),
+    io = RowIO(hs.card, n_attn, g.half, hidden)
+    b = dict(h=io.h, io=io, xn=f4(NMAX * hidden), q=f4(NMAX * g.qrow), k=f4(NMAX * nkv * hd),
              v=f4(NMAX * nkv * hd), qg=f4(NMAX * nh * hd), gate=f4(NMAX * nh * hd),
              qkv=f4(NMAX * g.cdmax), z=f4(NMAX * g.vdmax), o=f4(NMAX * g.vdmax), of=f4(NMAX * g.vdmax),
-             tab=f4(NMAX * g.half * 2), logits=f4(NMAX * lm_rows))
+             tab=io.tab, logits=f4(NMAX * lm_rows))
     for name in ("pp0", "pp1", "pp2", "qq0", "qq1"):
         b[name] = hs.card.new(NMAX * g.pstride * 2)
     return RowBufs(**b)
@@ -389,7 +392,8 @@ def build(hs, cmf, layers, lm, final_norm, nh, nkv, hd, rd, hidden, gemma, eps, 
         raise Declined(WHAT, f"head of {lm_rows} rows over a {lm[0].rows}-row matrix")
     if lm is not None and (final_norm is None or len(final_norm) != hidden):
         raise Declined(WHAT, "final norm width")
-    b = _row_bufs(hs, g, nh, nkv, hd, hidden, lm_rows)
+    n_attn = sum(isinstance(l.attn, GraphAttn.Full) for l in layers)
+    b = _row_bufs(hs, g, nh, nkv, hd, hidden, lm_rows, n_attn)
     consts: list = []
     try:
         with hs.store().plan_arena(_arena_need(hs, cmf.uid, layers, lm, nh, nkv, hd, hidden)):
@@ -405,8 +409,7 @@ def build(hs, cmf, layers, lm, final_norm, nh, nkv, hd, rd, hidden, gemma, eps, 
         for buf in vars(b).values():
             buf.close()
         raise
-    n_attn = sum(isinstance(l.attn, GraphAttn.Full) for l in layers)
-    return HPlan(next(_PLAN_ID), hs.card.new(max(n_attn, 1) * 8 * 4), sig, consts, fx, out, head, fnorm,
+    return HPlan(next(_PLAN_ID), b.io.ci, sig, consts, fx, out, head, fnorm,
                  np.ascontiguousarray(invf[:g.half], dtype=np.float32), nh, nkv, hd, hidden, bool(gemma),
                  float(eps), float(scale), g, b)
 

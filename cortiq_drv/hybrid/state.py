@@ -22,12 +22,15 @@ import numpy as np
 from cortiq_drv import knobs
 from cortiq_drv.cmf.layout import round_up
 from cortiq_drv.cu import Buf, Event, Pinned, capture
+from cortiq_drv.cu.args import kargs
 from cortiq_drv.cu.nvrtc import compile_cubin, load
 from cortiq_drv.hybrid import mma
 from cortiq_drv.hybrid.mats import MatStore
 from cortiq_drv.kernels import source
 
 NMAX = mma.NMAX
+# Blocks of hy_argmax a row (`RowIO.apart`).
+ARGMAX_BLOCKS = 64
 # K/V mirror capacity grows in steps of this many rows (at least doubling).
 MIRROR_STEP = 1024
 
@@ -165,6 +168,71 @@ class GdnState:
         if self.snap is not None:
             self.snap[1].close()
             self.snap[2].close()
+
+
+@dataclass(frozen=True)
+class HostAt:
+    """An address in pinned host memory, which a kernel reaches at that address (unified
+    addressing); `ptr` as a Buf's, for argument lists and graph signatures."""
+
+    ptr: int
+
+
+class RowIO:
+    """A plan's call inputs and a token's outputs in one device allocation `dev` with a pinned
+    host twin `host` of the same layout (the graph reads and writes both at fixed addresses):
+
+        ci [n_attn][8] i32 | tab [NMAX][half][2] f32 | pick [NMAX] i32 | h [NMAX][hidden] f32 |
+        acnt [NMAX] i32 | apart [NMAX][ARGMAX_BLOCKS][2] words
+
+    The last two (zeroed once, never copied) are hy_argmax's per-row arrival counts, which each
+    launch leaves at zero, and its block parts.
+    A decode step makes no copy call: the host writes its records, RoPE row and residual row into
+    `host` (row 0 of each); the step's graph starts with `launch_in` (hy_copy16 of bytes 0 .. the
+    end of h's row 0: the rest of tab and pick ride along, the call rewrites what it reads), its
+    greedy pick goes straight to `pick_host`, and it ends with `launch_out` (h's row 0 back). The
+    host writes `host` only once the stream synchronised past the last step (`token` syncs)."""
+
+    def __init__(self, card, n_attn: int, half: int, hidden: int):
+        ci_n, tab_n = max(n_attn, 1) * 8 * 4, NMAX * half * 2 * 4
+        self.tab_off = round_up(ci_n, 16)
+        self.pick_off = round_up(self.tab_off + max(tab_n, 1), 16)
+        # 256-byte aligned rows for the matvecs' residual reads and writes
+        self.h_off = round_up(self.pick_off + NMAX * 4, 256)
+        # hidden % 32 == 0 (plan.geometry): whole 16-byte words
+        self.row_end = self.h_off + hidden * 4
+        work_off = self.h_off + NMAX * hidden * 4
+        work = (NMAX + NMAX * ARGMAX_BLOCKS * 2) * 4
+        nbytes = work_off + work
+        self.dev = card.new(nbytes)
+        self.host = card.pinned(nbytes)
+        d, raw = self.dev, self.host.array(np.uint8)
+        self.ci, self.tab = d.view(0, ci_n), d.view(self.tab_off, tab_n)
+        self.pick, self.h = d.view(self.pick_off, NMAX * 4), d.view(self.h_off, NMAX * hidden * 4)
+        self.acnt = d.view(work_off, NMAX * 4)
+        self.apart = d.view(work_off + NMAX * 4, NMAX * ARGMAX_BLOCKS * 8)
+        d.view(work_off, work).memset(0)
+        self.pick_host = HostAt(self.host.ptr + self.pick_off)
+        # host views: the records, row 0 of tab and h, the first id
+        self.ci_h = raw[:ci_n].view(np.int32)
+        self.tab_h = raw[self.tab_off:self.tab_off + half * 8].view(np.float32)
+        self.pick_h = raw[self.pick_off:self.pick_off + 4].view(np.int32)
+        self.h_h = raw[self.h_off:self.row_end].view(np.float32)
+
+    def launch_in(self, ctx, fx) -> None:
+        """Queue hy_copy16 of the staged records, RoPE row and residual row onto the card."""
+        n16 = self.row_end // 16
+        ctx.launch(fx.copy16, (-(-n16 // 256), 1), 256, 0, kargs("QQi", self.host.ptr, self.dev, n16))
+
+    def launch_out(self, ctx, fx) -> None:
+        """Queue hy_copy16 of h's row 0 back into the host twin."""
+        n16 = (self.row_end - self.h_off) // 16
+        ctx.launch(fx.copy16, (-(-n16 // 256), 1), 256, 0,
+                   kargs("QQi", self.dev.ptr + self.h_off, self.host.ptr + self.h_off, n16))
+
+    def close(self) -> None:
+        self.dev.close()
+        self.host.close()
 
 
 @dataclass

@@ -282,30 +282,39 @@ __device__ __forceinline__ void argmax_take(float v, int c, float& best, int& id
 }
 
 // hy_argmax: out[off + r] = the index of the largest of logits[r][0 .. rows), the lowest index
-// among equals (NaN never wins; a row of NaN gives 0). Pointers: logits [b][stride] f32; out i32.
-// Grid (b, 1), block 1024 threads. The row is read in 16-byte loads, eight in flight a thread
-// (the columns before the first 16-byte boundary and after the last one singly).
-extern "C" __global__ void __launch_bounds__(1024)
-    hy_argmax(const float* logits, int rows, int stride, int* out, int off) {
-    __shared__ float bv[32];
-    __shared__ int bi[32];
-    const float* x = logits + (size_t)blockIdx.x * stride;
-    const int bd = blockDim.x;
+// among equals (NaN never wins; a row of NaN gives 0). Block b of row r = blockIdx.y takes the
+// b-th of gridDim.x equal runs of the row's 16-byte groups (eight loads in flight a thread; block
+// 0 also the columns before the first 16-byte boundary and after the last one), its pick into
+// part[r][b]; the last of the row's blocks to finish (cnt[r] counts arrivals; that block puts it
+// back to 0) picks among the parts. The pick does not depend on how the row is split.
+// Pointers: logits [n][stride] f32; out i32; part [n][gridDim.x][2] 32-bit words (value, index)
+// scratch; cnt i32 [n] (zero between launches). Grid (blocks, n), block 256.
+extern "C" __global__ void __launch_bounds__(256)
+    hy_argmax(const float* logits, int rows, int stride, int* out, int off, float* part, int* cnt) {
+    __shared__ float bv[8];
+    __shared__ int bi[8];
+    __shared__ int last;
+    const int r = blockIdx.y, nb = gridDim.x, bd = blockDim.x;
+    const float* x = logits + (size_t)r * stride;
     float best = __int_as_float(0xff800000);
     int idx = 0x7fffffff;
     const size_t addr = (size_t)x;
     const int a0 = (addr & 3) ? rows : min(rows, (int)((16 - (addr & 15)) & 15) / 4);
-    const int nq = (rows - a0) / 4;
+    const int nq = (rows - a0) / 4, per = (nq + nb - 1) / nb;
+    const int q0 = min(nq, (int)blockIdx.x * per), q1 = min(nq, q0 + per);
     const float4* x4 = (const float4*)(x + a0);
-    for (int c = threadIdx.x; c < a0; c += bd) argmax_take(x[c], c, best, idx);
-    for (int q = threadIdx.x; q < nq; q += 8 * bd) {
+    if (blockIdx.x == 0) {
+        for (int c = threadIdx.x; c < a0; c += bd) argmax_take(x[c], c, best, idx);
+        for (int c = a0 + 4 * nq + threadIdx.x; c < rows; c += bd) argmax_take(x[c], c, best, idx);
+    }
+    for (int q = q0 + threadIdx.x; q < q1; q += 8 * bd) {
         float4 v[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-            if (q + e * bd < nq) v[e] = x4[q + e * bd];
+            if (q + e * bd < q1) v[e] = x4[q + e * bd];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            if (q + e * bd < nq) {
+            if (q + e * bd < q1) {
                 const int c = a0 + 4 * (q + e * bd);
                 argmax_take(v[e].x, c, best, idx);
                 argmax_take(v[e].y, c + 1, best, idx);
@@ -314,7 +323,6 @@ extern "C" __global__ void __launch_bounds__(1024)
             }
         }
     }
-    for (int c = a0 + 4 * nq + threadIdx.x; c < rows; c += bd) argmax_take(x[c], c, best, idx);
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, best, o);
         const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
@@ -325,9 +333,44 @@ extern "C" __global__ void __launch_bounds__(1024)
         bi[threadIdx.x >> 5] = idx;
     }
     __syncthreads();
-    if (threadIdx.x != 0) return;
-    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) argmax_take(bv[w], bi[w], best, idx);
-    out[off + blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
+    float* pr = part + (size_t)r * nb * 2;
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(bd >> 5); ++w) argmax_take(bv[w], bi[w], best, idx);
+        pr[2 * blockIdx.x] = best;
+        ((int*)pr)[2 * blockIdx.x + 1] = idx;
+        // the part visible to the row's other blocks before this one counts itself in
+        __threadfence();
+        last = atomicAdd(cnt + r, 1) == nb - 1;
+        if (last) cnt[r] = 0;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x >= 32) return;
+    __threadfence();
+    best = __int_as_float(0xff800000);
+    idx = 0x7fffffff;
+    for (int b = threadIdx.x; b < nb; b += 32) {
+        float v;
+        int i;
+        // the other blocks' parts from L2 (ld.global.cg: never a stale L1 line)
+        asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(pr + 2 * b));
+        asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(i) : "l"(pr + 2 * b + 1));
+        argmax_take(v, i, best, idx);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        argmax_take(ov, oi, best, idx);
+    }
+    if (threadIdx.x == 0) out[off + r] = idx == 0x7fffffff ? 0 : idx;
+}
+
+// hy_copy16: dst[i] = src[i] for the n 16-byte words i < n. Either side may be pinned host memory,
+// which the device reaches at its host address (unified addressing): a decode step's staged
+// inputs come in and its residual row goes out inside the step's graph, with no copy call.
+// Grid (ceil(n / 256), 1), block 256. Both pointers 16-byte aligned.
+extern "C" __global__ void hy_copy16(const uint4* src, uint4* dst, int n) {
+    const int i = blockIdx.x * 256 + threadIdx.x;
+    if (i < n) dst[i] = src[i];
 }
 
 // hy_embed_gather: out[c] = row tok[j] of a q4tp matrix in the tensor-core layout (hy_repack's):

@@ -118,25 +118,65 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
 // hy_rmsnorm2: row r = blockIdx.y of x [n][hidden] f32 normalised,
 //   y = x / sqrt(mean(x^2) + eps) * (gemma ? 1 + w : w), w [hidden] f32,
 // written to the planes p0, p1, p2 [n][ps] bf16 (put3) and, when xf != 0, to xf [n][hidden] f32.
-// Grid (ceil(hidden / 1024), n), block 256: each block sums the whole row (thread t over columns
-// t, t + 256, ..., then warp butterflies, then warps in order: the same sum in every block and
-// call) and writes columns [1024 blockIdx.x, 1024 blockIdx.x + 1024).
+// Grid (ceil(hidden / 1024), n), block 256; hidden % 4 == 0 and ps % 4 == 0 (16-byte rows of x
+// and xf, 8-byte ones of the planes). Each block sums the whole row: thread t over the float4s
+// t, t + 256, ... (up to eight of them loaded before any is added), the four lanes of each in
+// order, then warp butterflies, then warps in order: the same sum in every block, row and call.
+// Thread t of block bx writes columns 4q .. 4q + 3, q = 256 bx + t, from the float4 it loaded.
 extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf, int hidden, float eps, int gemma,
                                        bf16* p0, bf16* p1, bf16* p2, int ps) {
     __shared__ float red[8];
-    const int r = blockIdx.y, t = threadIdx.x;
-    const float* xr = x + (size_t)r * hidden;
+    const int r = blockIdx.y, t = threadIdx.x, nq = hidden >> 2, q = blockIdx.x * 256 + t;
+    const float4* xr = (const float4*)(x + (size_t)r * hidden);
+    // the weights of the thread's columns in flight with the row
+    float4 wv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), mine = wv;
+    if (q < nq) wv = ((const float4*)w)[q];
     float ss = 0.0f;
-    for (int c = t; c < hidden; c += 256) ss = fmaf(xr[c], xr[c], ss);
+    for (int q0 = t; q0 < nq; q0 += 8 * 256) {
+        float4 v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            if (q0 + e * 256 < nq) v[e] = xr[q0 + e * 256];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            if (q0 + e * 256 < nq) {
+                ss = fmaf(v[e].x, v[e].x, ss);
+                ss = fmaf(v[e].y, v[e].y, ss);
+                ss = fmaf(v[e].z, v[e].z, ss);
+                ss = fmaf(v[e].w, v[e].w, ss);
+                if (q0 + e * 256 == q) mine = v[e];
+            }
+        }
+    }
     ss = warp_sum(ss);
     if ((t & 31) == 0) red[t >> 5] = ss;
     __syncthreads();
+    if (q >= nq) return;
     float tot = 0.0f;
     for (int k = 0; k < 8; ++k) tot += red[k];
     const float den = sqrtf(tot / (float)hidden + eps);
-    for (int c = blockIdx.x * 1024 + t; c < min(hidden, (int)(blockIdx.x + 1) * 1024); c += 256) {
-        const float y = xr[c] / den * (gemma ? 1.0f + w[c] : w[c]);
-        if (xf) xf[(size_t)r * hidden + c] = y;
-        put3(p0, p1, p2, (size_t)r * ps + c, y);
+    if (gemma) wv = make_float4(1.0f + wv.x, 1.0f + wv.y, 1.0f + wv.z, 1.0f + wv.w);
+    const float4 y = make_float4(mine.x / den * wv.x, mine.y / den * wv.y, mine.z / den * wv.z, mine.w / den * wv.w);
+    if (xf) ((float4*)(xf + (size_t)r * hidden))[q] = y;
+    // put3 of the four values, each plane's four in one 8-byte store
+    const float yv[4] = {y.x, y.y, y.z, y.w};
+    u32 h[2], m[2], l[2];
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+        bf16 hb[2], mb[2], lb[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            hb[k] = f32_to_bf16(yv[e + k]);
+            const float rr = yv[e + k] - bf16_to_f32(hb[k]);
+            mb[k] = f32_to_bf16(rr);
+            lb[k] = f32_to_bf16(rr - bf16_to_f32(mb[k]));
+        }
+        h[e >> 1] = hb[0] | ((u32)hb[1] << 16);
+        m[e >> 1] = mb[0] | ((u32)mb[1] << 16);
+        l[e >> 1] = lb[0] | ((u32)lb[1] << 16);
     }
+    const size_t at = (size_t)r * ps + 4 * (size_t)q;
+    *(uint2*)(p0 + at) = make_uint2(h[0], h[1]);
+    *(uint2*)(p1 + at) = make_uint2(m[0], m[1]);
+    *(uint2*)(p2 + at) = make_uint2(l[0], l[1]);
 }

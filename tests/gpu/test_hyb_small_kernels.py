@@ -414,7 +414,9 @@ def test_qk(ctx, kern, dev, hpk, hd, gated, normed, use_ci):
 
 # ---- head helpers ----------------------------------------------------------------------------
 
-def test_argmax(ctx, kern, dev):
+@pytest.mark.parametrize("blocks", [1, 7, 64])
+def test_argmax(ctx, kern, dev, blocks):
+    """Any split of the row gives the same pick; the arrival counts end at zero."""
     rng = np.random.default_rng(1)
     rows, stride = 248320, 248320 + 7
     x = rng.standard_normal((3, stride)).astype(F32)
@@ -424,10 +426,47 @@ def test_argmax(ctx, kern, dev):
     x[2] = 0.0
     x[:, rows:] = 99.0  # past `rows`: never read
     out = dev.put(np.full(8, -1, np.int32))
-    ctx.launch(kern("hy_argmax"), (3, 1), 1024, 0, kargs("QiiQi", dev.put(x), rows, stride, out, 2))
-    got = out.to_host(np.int32)
-    assert got[2:5].tolist() == kr.argmax(x[:, :rows]).tolist() == [7, 123456, 0]
-    assert (got[:2] == -1).all() and (got[5:] == -1).all()
+    part, cnt = dev.new(3 * blocks * 8), dev.new(3 * 4)
+    xb = dev.put(x)
+    for _ in range(2):
+        ctx.launch(kern("hy_argmax"), (blocks, 3), 256, 0, kargs("QiiQiQQ", xb, rows, stride, out, 2, part, cnt))
+        got = out.to_host(np.int32)
+        assert got[2:5].tolist() == kr.argmax(x[:, :rows]).tolist() == [7, 123456, 0]
+        assert (got[:2] == -1).all() and (got[5:] == -1).all()
+        assert not cnt.to_host(np.int32).any()
+    # a row 4 bytes past a 16-byte boundary (three single columns before its groups, the rest after
+    # them): the largest value among the singles at either end
+    yb = dev.put(np.zeros(48, F32))
+    for rows_y, at in ((39, 1), (38, 37)):
+        y = np.linspace(-1, 0, 48, dtype=F32)
+        y[1 + at] = 5.0
+        yb.upload(y)
+        ctx.launch(kern("hy_argmax"), (blocks, 1), 256, 0,
+                   kargs("QiiQiQQ", yb.ptr + 4, rows_y, rows_y, out, 0, part, cnt))
+        assert out.to_host(np.int32)[0] == kr.argmax(y[None, 1:1 + rows_y])[0] == at
+
+
+def test_copy16_through_pinned_host_memory(ctx, kern, dev):
+    """hy_copy16 reads and writes pinned host memory at its host address (a token's rows in and
+    out of its graph), whole 16-byte words, nothing past n."""
+    from cortiq_drv.cu import Pinned
+
+    n16 = 1000
+    host = Pinned(n16 * 16 * 2 + 16)
+    try:
+        raw = host.array(np.uint8)
+        raw[:] = np.random.default_rng(5).integers(0, 256, raw.size, dtype=np.uint8)
+        d = dev.new(n16 * 16 + 16, 0xAB)
+        ctx.launch(kern("hy_copy16"), (-(-n16 // 256), 1), 256, 0, kargs("QQi", host.ptr, d, n16))
+        got = d.to_host()
+        assert got[:n16 * 16].tobytes() == raw[:n16 * 16].tobytes() and (got[n16 * 16:] == 0xAB).all()
+        tail = raw[2 * n16 * 16:].copy()
+        ctx.launch(kern("hy_copy16"), (-(-n16 // 256), 1), 256, 0, kargs("QQi", d, host.ptr + n16 * 16, n16))
+        ctx.sync()
+        assert raw[n16 * 16:2 * n16 * 16].tobytes() == raw[:n16 * 16].tobytes()
+        assert raw[2 * n16 * 16:].tobytes() == tail.tobytes()
+    finally:
+        host.close()
 
 
 def test_embed_gather(ctx, kern, dev):

@@ -4,13 +4,14 @@
 uploads really move bytes (each host copy logged in `FakeCtx.host_copies` as (direction, host
 array), so tests see what crossed and from where); `FakePinned` is pinned host memory
 (`Pinned`) over a numpy array; `FakeCtx` records kernel launches (name, grid, block, packed argument
-formats and bytes) instead of running them; `FakeCard` implements `hybrid.state.Card` with
-those: graph capture records the launches a body queues and replays them into the launch log,
+formats and bytes) instead of running them (but for hy_copy16's bytes); `FakeCard` implements
+`hybrid.state.Card` with those: graph capture records the launches a body queues and replays them into the launch log,
 matrices and job tables are plain records of what was asked.
 """
 
 from __future__ import annotations
 
+import ctypes
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -99,10 +100,26 @@ class FakeCtx:
         self.recording: list | None = None
         self.syncs = 0
         self.host_copies: list = []
+        # the card's memory (`fake_state` sets it), which hy_copy16 reads and writes
+        self.heap: Heap | None = None
 
     def _log(self, f, grid, block, args) -> None:
         rec = Launch(f.name, tuple(grid), block, args.fmt, tuple(args.slot(i) for i in range(len(args))))
         (self.recording if self.recording is not None else self.launches).append(rec)
+        # a capture runs it too, as device copies (`FakeBuf.copy_from`) run when queued
+        if rec.name == "hy_copy16":
+            self.copy16(rec)
+
+    def copy16(self, rec: Launch) -> None:
+        """hy_copy16 (a token's rows in and out of pinned host memory), the one kernel the fake
+        card runs: its bytes moved."""
+        src, dst, n = (int.from_bytes(a, "little") for a in rec.args)
+        ctypes.memmove(self._host_addr(dst), self._host_addr(src), n * 16)
+
+    def _host_addr(self, ptr: int) -> int:
+        """The host address of a fake device pointer (the heap's bytes) or of pinned host memory."""
+        on_heap = BASE <= ptr < BASE + len(self.heap.mem)
+        return self.heap.mem.ctypes.data + ptr - BASE if on_heap else ptr
 
     def launch(self, f, grid, block, smem, args) -> None:
         self._log(f, grid, block, args)
@@ -224,10 +241,13 @@ class FakeSet:
 class FakeGraph:
     def __init__(self, ctx, nodes):
         self.ctx, self.nodes, self.closed = ctx, nodes, False
+        self.copies = [n for n in nodes if n.name == "hy_copy16"]
 
     def launch(self):
         assert not self.closed
         self.ctx.launches.extend(self.nodes)
+        for rec in self.copies:
+            self.ctx.copy16(rec)
 
     def close(self):
         self.closed = True
@@ -292,6 +312,7 @@ class FakeCard:
 def fake_state() -> tuple[HState, FakeCtx, FakeCard]:
     ctx = FakeCtx()
     card = FakeCard(ctx, Heap())
+    ctx.heap = card.heap
     return HState(ctx, card), ctx, card
 
 

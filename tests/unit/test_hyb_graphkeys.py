@@ -13,6 +13,7 @@ from cortiq_drv.hybrid import api
 from cortiq_drv.hybrid.admit import admit
 from cortiq_drv.hybrid.graphs import run_small
 from cortiq_drv.hybrid.plan import plan_for
+from cortiq_drv.hybrid.state import ARGMAX_BLOCKS
 
 
 def _plan(hs, cmf, g, head=True):
@@ -208,4 +209,4 @@ def test_batch_outcomes(hyb_tiny):
     ids = np.full(4, -1, np.int32)
     assert run([7, 8, 9, 10], spec=SpecTail(g.lm, g.lm_rows, g.final_norm), argmax_out=ids).ok
     pick = [l for l in ctx.launches if l.name == "hy_argmax"]
-    assert len(pick) == 1 and pick[0].grid == (4, 1) and (ids == 0).all()
+    assert len(pick) == 1 and pick[0].grid == (ARGMAX_BLOCKS, 4) and (ids == 0).all()

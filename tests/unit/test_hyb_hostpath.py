@@ -12,6 +12,8 @@ import pytest
 import _fakecard
 from cortiq_drv.hybrid import admit as admit_mod
 from cortiq_drv.hybrid import api, plan as plan_mod, spec
+from cortiq_drv.hybrid.launch import rope_rows
+from cortiq_drv.hybrid.state import ARGMAX_BLOCKS
 
 
 @pytest.fixture
@@ -62,10 +64,23 @@ def test_fifty_tokens_without_expensive_host_work(hyb_tiny, counted):
     assert c.graph_run == 51
     # one sync a token (the logits and the row back), nothing else waits on the card
     assert ctx.syncs - syncs0 == 50
-    # the cursors moved as the full pass moves them, the call record of the last token
+    # the cursors moved as the full pass moves them
     assert all(gs.next_pos == 51 and gs.tape is None for gs in hs.gdn.values())
     assert [m.stored for m in hs.kv.values()] == [51]
+    # the last token's row, RoPE row and records wait in the host twin; each step's graph starts by
+    # bringing them onto the card and ends by taking the row back, with no copy call
+    io = p.rows.io
+    assert (io.h_h == 0.5).all() and io.ci_h[:8].tolist() == [50, 50, 64, 4096, 64, 0, 0, 0]
+    assert io.tab_h.tobytes() == rope_rows(p.invf, (50,)).tobytes()
+    # (the fake card runs hy_copy16): the call record and the rows on the card
     assert p.ci.read(np.int32, 8).tolist() == [50, 50, 64, 4096, 64, 0, 0, 0]
+    assert p.rows.tab.read(np.float32, 2 * p.half).tobytes() == io.tab_h.tobytes()
+    assert (p.rows.h.read(np.float32, g.hidden) == 0.5).all()
+    graph = next(iter(hs.graphs.values())).graph.nodes
+    first, last = ([_i(x) for x in n.args] for n in (graph[0], graph[-1]))
+    assert graph[0].name == graph[-1].name == "hy_copy16"
+    assert first == [io.host.ptr, io.dev.ptr, io.row_end // 16]
+    assert last == [io.dev.ptr + io.h_off, io.host.ptr + io.h_off, g.hidden // 4]
     # the row and logits came back into the caller's arrays (the fake card runs no kernels)
     assert (h == 0.5).all() and logits.dtype == np.float32
 
@@ -128,42 +143,36 @@ def _i(b: bytes) -> int:
 
 
 def test_greedy_pick_on_the_card(hyb_tiny):
-    """A greedy step: hy_argmax over the sampleable rows inside the recorded graph, only the id
-    and the residual row come back, every host copy through pinned staging at fixed addresses."""
+    """A greedy step: hy_argmax over the sampleable rows inside the recorded graph, its id straight
+    into the plan's pinned host twin, the residual row back by the graph's last kernel: no copy
+    call at all."""
     cmf, g = hyb_tiny
     hs, ctx, card = _fakecard.fake_state()
     rows = g.lm_rows - 7  # sampleable ids: the padding rows past them are never searched
     _step(hs, cmf, g, 0)
-    dpick = hs.scr("hy_pick", 64)
-    # the fake card runs no kernels: the id the card holds is what comes back
-    dpick.upload_async(np.array([rows - 1], np.int32))
     caps, rec = card.captures, hs.counters.graph_rec
     # the head's row count moved: the plan is built again, its picking graph recorded
     _pick_step(hs, cmf, g, 1, rows)
+    p = next(iter(hs.plans.values()))
+    io = p.rows.io
+    # the fake card runs no kernels: the id the host twin holds is what comes back
+    io.pick_h[0] = rows - 1
     ctx.launches.clear()
     ctx.host_copies.clear()
-    first = None
     for pos in range(2, 22):
         h, pick = _pick_step(hs, cmf, g, pos, rows)
         assert pick[0] == rows - 1 and (h == 0.25).all()
-        copies = [(d, a.ctypes.data, a.nbytes) for d, a in ctx.host_copies]
-        assert all(card.is_pinned(a) for _, a in ctx.host_copies)
-        assert first is None or copies == first
-        first = copies
-        ctx.host_copies.clear()
-    # the 4-byte id and the row come back; the logits never do
-    downs = sorted(n for d, _, n in first if d == "down")
-    assert downs == [4, g.hidden * 4]
+    assert ctx.host_copies == []
     # one graph for the picking head (the first step's head graph had none), replayed since
     assert card.captures == caps + 1 and hs.counters.graph_rec == rec + 1
     argmax = [l for l in ctx.launches if l.name == "hy_argmax"]
-    assert len(argmax) == 20 and argmax[0].grid == (1, 1)
-    p = next(iter(hs.plans.values()))
-    a = argmax[0].args
-    assert (_i(a[0]), _i(a[1]), _i(a[2]), _i(a[3]), _i(a[4])) == (p.rows.logits.ptr, rows, rows, dpick.ptr, 0)
-    # the argmax follows the head's matvec: the last node of each step's graph
+    assert len(argmax) == 20 and argmax[0].grid == (ARGMAX_BLOCKS, 1)
+    a = [_i(x) for x in argmax[0].args]
+    assert a == [p.rows.logits.ptr, rows, rows, io.host.ptr + io.pick_off, 0, io.apart.ptr, io.acnt.ptr]
+    # the argmax follows the head's matvec, the row's copy back closes each step's graph
     step = len(ctx.launches) // 20
-    assert all(ctx.launches[k * step + step - 1].name == "hy_argmax" for k in range(20))
+    assert all(ctx.launches[k * step + step - 2].name == "hy_argmax" for k in range(20))
+    assert all(ctx.launches[k * step + step - 1].name == "hy_copy16" for k in range(20))
 
 
 def test_pick_with_logits_and_declines(hyb_tiny):
@@ -204,15 +213,13 @@ def test_greedy_verify_window_picks_in_the_graph(hyb_tiny):
     # recorded once with the argmax inside, replayed for the second window
     assert card.captures == caps + 1
     graph = hs.graphs[max(hs.graphs, key=lambda k: k[3])]
-    assert graph.graph.nodes[-1].name == "hy_argmax" and graph.graph.nodes[-1].grid == (4, 1)
+    assert graph.graph.nodes[-1].name == "hy_argmax" and graph.graph.nodes[-1].grid == (ARGMAX_BLOCKS, 4)
 
 
 def test_token_rope_row_is_the_positions_own():
     """`token` takes its RoPE row from the plan's block of positions: the bytes `rope_rows` gives
     that position alone (and a window's rows), across block edges and far positions."""
     from types import SimpleNamespace
-
-    from cortiq_drv.hybrid.launch import rope_rows
 
     invf = (1.0 / 1e7 ** (np.arange(0, 64, 2, dtype=np.float32) / 64)).astype(np.float32)
     plan = SimpleNamespace(invf=invf, rope=None)

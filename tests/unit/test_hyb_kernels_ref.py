@@ -265,7 +265,7 @@ def test_to_half_rounds_to_nearest_even():
 
 _SMALL = ("hy_gdn_front", "hy_gdn_scan", "hy_gdn_scan4", "hy_gdn_out32", "hy_gdn_scan4_out32",
           "hy_gdn_restore_scan", "hy_gdn_restore_scan4", "hy_gdn_restore_ring", "hy_qk", "hy_scores",
-          "hy_values", "hy_finish", "hy_argmax", "hy_embed_gather", "hy_to_half")
+          "hy_values", "hy_finish", "hy_argmax", "hy_embed_gather", "hy_to_half", "hy_copy16")
 
 
 @pytest.mark.parametrize("hpk,hd", [(1, 64), (2, 128), (4, 256), (8, 64), (16, 128), (16, 256)])
