@@ -2,16 +2,18 @@
 JSON lines (docs/PERF.md).
 
 Usage: python3 tools/bench_kernels.py [--models 9B,27B] [--rows 1,2,4,8,16] [--variants rule|all]
-       [--define NAME=VALUE ...] [--no-cublas] [--out FILE.jsonl]
+       [--matrices q,head,...] [--define NAME=VALUE ...] [--no-cublas] [--out FILE.jsonl]
 
-For each matrix (q, k, v, o, the gate/up pair, down, GDN qkv / z / out, LM head) and each row
-count: the kernel's time with the weights rotated through copies larger than L2 (so every call
+For each matrix (q, k, v, o, the gate/up pair, down, GDN qkv / z / out, LM head; then the decode
+step's launches of several jobs, attention's q + k + v as attn_in and GDN's qkv + z as gdn_in)
+and each row count: the kernel's time with the weights rotated through copies larger than L2 (so every call
 reads them from memory), the bytes it reads (repacked tiles + codes + ladders) per second, the
 ratio to the read bandwidth measured in the same run (a streaming-read kernel), the ratio to the
 one-row time, and cuBLAS f16 GEMM (ctx.gemm, f16 weights, also rotated) on the same shape. Times
 are medians over --reps replays of a captured graph of back-to-back launches (launch gaps
 included, as in a decode step's graph). `--variants all` times every (TB, KS) choice as well;
-`--define` compiles hyb.cu with kernel tuning macros (HY_MV_STAGES, HY_MB_*, HY_MV_MB_*) for a sweep.
+`--define` compiles the kernels with tuning macros (HY_MV_STAGES, HY_MB_*, HY_MV_MB_*) for a
+sweep. Only hyb.cu's weight-side pieces are compiled (mma.weight_side_source).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from cortiq_drv.cu.nvrtc import compile_cubin, func, load
 from cortiq_drv.hybrid import mma
 from cortiq_drv.hybrid.mats import DevMat
 from cortiq_drv.hybrid.repack import planes_bytes, random_q4tp, repack_on_card
-from cortiq_drv.kernels import source
 
 # Weights are rotated through copies holding at least this many bytes (H200 L2: 50 MB).
 ROTATE_BYTES = 4 * (50 << 20)
@@ -54,14 +55,17 @@ extern "C" __global__ void bw_read(const uint4* p, unsigned long long n, unsigne
 """
 
 
-def matrices(m: dict) -> list[tuple[str, int, int, bool]]:
-    """(name, rows, cols, gate/up pair) of one model's matvecs (q carries the output gate)."""
+def matrices(m: dict) -> list[tuple[str, tuple[int, ...], int, bool]]:
+    """(name, rows of each job, cols, gate/up pair) of one model's matvecs (q carries the output
+    gate), then the two launches of several jobs a decode step makes: attention's q + k + v and
+    GDN's qkv + z."""
     h, gd = m["hidden"], m["gd"]
-    return [("q", 2 * m["nh"] * m["hd"], h, False), ("k", m["nkv"] * m["hd"], h, False),
-            ("v", m["nkv"] * m["hd"], h, False), ("o", h, m["nh"] * m["hd"], False),
-            ("gate_up", 2 * m["ffn"], h, True), ("down", h, m["ffn"], False),
-            ("gdn_qkv", (2 * m["gk"] + m["gv"]) * gd, h, False), ("gdn_z", m["gv"] * gd, h, False),
-            ("gdn_out", h, m["gv"] * gd, False), ("head", m["vocab"], h, False)]
+    q, kv, qkv, z = 2 * m["nh"] * m["hd"], m["nkv"] * m["hd"], (2 * m["gk"] + m["gv"]) * gd, m["gv"] * gd
+    return [("q", (q,), h, False), ("k", (kv,), h, False), ("v", (kv,), h, False),
+            ("o", (h,), m["nh"] * m["hd"], False), ("gate_up", (2 * m["ffn"],), h, True),
+            ("down", (h,), m["ffn"], False), ("gdn_qkv", (qkv,), h, False), ("gdn_z", (z,), h, False),
+            ("gdn_out", (h,), m["gv"] * gd, False), ("head", (m["vocab"],), h, False),
+            ("attn_in", (q, kv, kv), h, False), ("gdn_in", (qkv, z), h, False)]
 
 
 def graph_us(ctx, calls, reps: int) -> float:
@@ -102,31 +106,41 @@ def read_bandwidth(ctx, reps: int) -> float:
 
 
 class Rotated:
-    """k copies of one repacked matrix (together >= ROTATE_BYTES) and an MmaSet over each."""
+    """k copies of one launch's repacked matrices (together >= ROTATE_BYTES) and an MmaSet over
+    each copy: one matrix of parts[0] rows (a gate/up pair when `pair`), or one job a part."""
 
-    def __init__(self, ctx, fx, rows, cols, pair, rng):
-        if pair:
-            srcs, src_rows = [random_q4tp(rows // 2, cols, rng), random_q4tp(rows // 2, cols, rng)], rows // 2
-        else:
-            srcs, src_rows = [random_q4tp(rows, cols, rng)], rows
-        t, cc, ld = repack_on_card(ctx, fx, srcs, src_rows, rows, cols)
-        self.bytes = planes_bytes(rows, cols)
-        k = max(1, -(-ROTATE_BYTES // self.bytes))
-        self.copies = [t]
-        for _ in range(k - 1):
-            c = Buf.new(ctx, t.bytes)
-            c.copy_from(t)
-            self.copies.append(c)
-        self.y = Buf.new(ctx, mma.NMAX * rows * 4)
-        self.sets = []
-        for c in self.copies:
-            m = DevMat(mma.KIND_Q4TP, rows, cols, c, c.view(cc.ptr - t.ptr, cc.bytes),
-                       c.view(ld.ptr - t.ptr, ld.bytes), 0)
+    def __init__(self, ctx, fx, parts, cols, pair, rng):
+        mats = []  # (rows, tiles, codes, ladders) of each part, repacked once
+        for rows in parts:
             if pair:
-                half = mma.NMAX * (rows // 2) * 2
-                self.sets.append(mma.mmaset_pair(ctx, m, self.y.ptr, self.y.ptr + half, rows // 2))
+                srcs, src_rows = [random_q4tp(rows // 2, cols, rng), random_q4tp(rows // 2, cols, rng)], rows // 2
             else:
-                self.sets.append(mma.mmaset(ctx, [mma.JobSpec(m, self.y.ptr, 0, rows, rows)]))
+                srcs, src_rows = [random_q4tp(rows, cols, rng)], rows
+            mats.append((rows, *repack_on_card(ctx, fx, srcs, src_rows, rows, cols)))
+        self.bytes = sum(planes_bytes(rows, cols) for rows in parts)
+        k = max(1, -(-ROTATE_BYTES // self.bytes))
+        self.copies = [t for _, t, _, _ in mats]
+        copies = [[t for _, t, _, _ in mats]]
+        for _ in range(k - 1):
+            copies.append([Buf.new(ctx, t.bytes) for _, t, _, _ in mats])
+            for c, (_, t, _, _) in zip(copies[-1], mats):
+                c.copy_from(t)
+            self.copies += copies[-1]
+        self.y = Buf.new(ctx, mma.NMAX * sum(parts) * 4)
+        self.sets = []
+        for cs in copies:
+            specs, yat = [], self.y.ptr
+            for c, (rows, t, cc, ld) in zip(cs, mats):
+                m = DevMat(mma.KIND_Q4TP, rows, cols, c, c.view(cc.ptr - t.ptr, cc.bytes),
+                           c.view(ld.ptr - t.ptr, ld.bytes), 0)
+                if pair:
+                    half = mma.NMAX * (rows // 2) * 2
+                    self.sets.append(mma.mmaset_pair(ctx, m, yat, yat + half, rows // 2))
+                else:
+                    specs.append(mma.JobSpec(m, yat, 0, rows, rows))
+                yat += mma.NMAX * rows * 4
+            if not pair:
+                self.sets.append(mma.mmaset(ctx, specs))
         ctx.sync()
 
     def close(self):
@@ -155,8 +169,9 @@ def cublas_us(ctx, rows, cols, n, reps) -> float:
             b.close()
 
 
-def bench_matrix(ctx, fx, model, name, rows, cols, pair, a, bw, emit) -> None:
-    rot = Rotated(ctx, fx, rows, cols, pair, np.random.default_rng(rows + cols))
+def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
+    rows = sum(parts)
+    rot = Rotated(ctx, fx, parts, cols, pair, np.random.default_rng(rows + cols))
     planes = [Buf.new(ctx, mma.NMAX * cols * 2) for _ in range(3)]
     for b in planes:
         b.memset(0x3F)
@@ -206,7 +221,7 @@ def main(argv=None) -> int:
     defines = dict(d.split("=", 1) for d in a.define)
     # the launches' ring size follows a swept hy_mmv ring depth
     mma.MV_STAGES = int(defines.get("HY_MV_STAGES", mma.MV_STAGES))
-    fx = mma.MmaFuncs(ctx, load(ctx, compile_cubin(source("hyb.cu"), defines, ctx.arch)))
+    fx = mma.MmaFuncs(ctx, load(ctx, compile_cubin(mma.weight_side_source(), defines, ctx.arch)))
     out = open(a.out, "a") if a.out else None
 
     def emit(line):
@@ -221,9 +236,9 @@ def main(argv=None) -> int:
     emit(dict(bench="read_bw", tbps=round(bw, 3), bytes=4 << 30, device=ctx.arch, sms=ctx.sm_count))
     want = set(a.matrices.split(",")) if a.matrices else None
     for model in a.models.split(","):
-        for name, rows, cols, pair in matrices(MODELS[model]):
+        for name, parts, cols, pair in matrices(MODELS[model]):
             if want is None or name in want:
-                bench_matrix(ctx, fx, model, name, rows, cols, pair, a, bw, emit)
+                bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit)
     if out:
         out.close()
     return 0

@@ -9,6 +9,8 @@ groups) changes them, and it depends on the matrices alone (`ks16`), never on n.
 
 from __future__ import annotations
 
+import ctypes
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +28,8 @@ KIND_PAIR = 0x100
 # `struct HyJob` of kernels/hyb_mma.cuh (56 bytes, natural alignment).
 HYJOB = np.dtype([("w", "<u8"), ("aux0", "<u8"), ("aux1", "<u8"), ("y", "<u8"), ("res", "<u8"),
                   ("rows", "<i4"), ("kind", "<i4"), ("blk0", "<i4"), ("ystride", "<i4")])
+# Jobs a launch carries at most (HY_MAXJ: the table travels by value in the kernel parameters).
+MAXJ = 8
 
 
 # Each warp's cp.async ring in hy_mmp: HY_STAGES stages of HY_STAGE bytes (four 256-byte weight
@@ -74,6 +78,18 @@ class MmaFuncs:
         self.split = module.func("hy_split")
         self.rmsnorm2 = module.func("hy_rmsnorm2")
         self.repack = module.func("hy_repack")
+
+
+# The pieces of kernels/hyb.cu that MmaFuncs' kernels live in (its first includes, in its order).
+WEIGHT_SIDE = ("common.cuh", "hyb_mma.cuh", "hyb_mmp_core.cuh", "hyb_mmp.cuh")
+
+
+def weight_side_source() -> str:
+    """The weight-side kernels alone, as hyb.cu compiles them: a third of its compile time, for the
+    matvec's own tests and speed runs (hyb.cu's HPK / HD do not reach these pieces)."""
+    from cortiq_drv.kernels import source
+
+    return "\n".join(source(name) for name in WEIGHT_SIDE)
 
 
 def load_funcs(ctx, hpk: int = 4, hd: int = 256) -> MmaFuncs:
@@ -128,16 +144,18 @@ def job_table(list_, kind: int, tb: int) -> tuple[np.ndarray, int]:
 
 def set_rules(rows: list[int]) -> tuple[bool, bool]:
     """(ks16, tb1) of a launch over matrices of these row counts (`mmaset_kind_`): ks16: 16 warps
-    a tile (KS 16) under 16 384 rows, 8 from there (the reference's 3090 rule; on the H200 KS 16
-    wins on the 9B down, 24.2 against 37.1 us at one row, KS 8 on 8k-row q by 8%); tb1: one tile
-    a block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes the arithmetic, and
-    it depends on the matrices alone.
+    a tile (KS 16) while the set has fewer than 12 288 rows in all, 8 from there. The reference's
+    3090 rule takes the largest matrix, under 16 384 rows; on the H200 KS 16 wins on the 9B down
+    (24.2 against 37.1 us at one row) and o, and KS 8 on the 9B GDN qkv + z set of 12 352 rows at
+    one row (14.4 against 18.8 us; at 16 rows 79 against 68 us: one-row decode is the common
+    call). tb1: one tile a block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes
+    the arithmetic, and it depends on the matrices alone.
 
     The reference's third rule, tb1_n1 (one tile a block for one-row calls of 12 288 rows or
     more, against a launch's tail), is not kept: hy_mmp's grid walks its work items, so there is
     no tail to save, and on the H200 TB 1 lost at one row (9B gate/up 55.0 against 45.5 us, head
     473 against 372 us)."""
-    return max(rows) < 16384, max(rows) <= 2048
+    return sum(rows) < 12288, max(rows) <= 2048
 
 
 def variant(n: int, ks16: bool, tb1: bool) -> tuple[int, int, int]:
@@ -152,6 +170,28 @@ def rows_cap(nt: int) -> int:
     return 8 * nt if nt else 2
 
 
+class JobArgs:
+    """An hy_mmp / hy_mmv launch's parameters: the job table by value (`HyJobs`: MAXJ records,
+    those past the set's unused), then nj, p0, p1, p2, xs, n, cols. kargs packs 8-byte slots only,
+    so the block is packed here; `addr` is the `void**` a launch takes (the driver copies the
+    values at launch, a graph capture records them)."""
+
+    __slots__ = ("addr", "_table", "_slots", "_ptrs")
+
+    def __init__(self, jobs: np.ndarray, p: Planes, n: int, cols: int):
+        table = np.zeros(MAXJ, dtype=HYJOB)
+        table[:len(jobs)] = jobs
+        self._table = ctypes.create_string_buffer(table.tobytes(), table.nbytes)
+        rest = (len(jobs), p.p0, p.p1, p.p2, p.stride, n, cols)
+        self._slots = (ctypes.c_uint64 * len(rest))()  # [7] 8-byte argument slots
+        for i, (code, v) in enumerate(zip("iQQQiii", rest)):
+            struct.pack_into("<" + code, self._slots, 8 * i, v)
+        base = ctypes.addressof(self._slots)
+        self._ptrs = (ctypes.c_void_p * (1 + len(rest)))(ctypes.addressof(self._table),
+                                                          *[base + 8 * i for i in range(len(rest))])
+        self.addr = ctypes.addressof(self._ptrs)
+
+
 class MmaSet:
     """One launch's q4tp matrices: job tables for one and two tiles a block and the choices the
     reference's `MmaSet` makes (`mmaset_kind`)."""
@@ -159,6 +199,8 @@ class MmaSet:
     def __init__(self, ctx, list_, kind: int):
         if not list_:
             raise CortiqError("mmaset: no matrices")
+        if len(list_) > MAXJ:
+            raise CortiqError(f"mmaset: {len(list_)} matrices, a launch carries at most {MAXJ}")
         for s in list_:
             m = s.mat
             if m.kind != KIND_Q4TP or m.cols % 32:
@@ -172,7 +214,6 @@ class MmaSet:
         tables = [job_table(list_, kind, tb) for tb in (1, 2)]
         self.jobs = [t for t, _ in tables]
         self.blocks = [b for _, b in tables]
-        self.bufs = [Buf.from_array(ctx, t) for t in self.jobs]
         self.ks16, self.tb1 = set_rules([s.rows for s in list_])
         self._args = {}
 
@@ -195,16 +236,15 @@ class MmaSet:
         key = (tb, p, n)
         args = self._args.get(key)
         if args is None:
-            args = kargs("QiQQQiii", self.bufs[tb - 1], self.n, p.p0, p.p1, p.p2, p.stride, n,
-                         self.cols)
-            self._args[key] = args
+            args = self._args[key] = JobArgs(self.jobs[tb - 1], p, n, self.cols)
         ki = int(ks == 16)
         grid = min(self.blocks[tb - 1], fx.grid_cap[nt][tb - 1][ki])
         ctx.launch(fx.mmp[nt][tb - 1][ki], (grid, 1), 32 * ks, ring_bytes(ks, nt == 0), args)
 
     def close(self) -> None:
-        for b in self.bufs:
-            b.close()
+        """Nothing on the card to free (the job tables travel in the launches' parameters); kept
+        so that owners close every set alike."""
+        self._args.clear()
 
 
 def mmaset(ctx, list_) -> MmaSet:

@@ -47,6 +47,14 @@ struct HyJob {
 
 #define HY_PAIR 0x100
 
+// A launch's job table, passed by value in the kernel parameters (__grid_constant__), so a block
+// reads its job from the constant bank the launch filled instead of a dependent global load
+// before its first weight fetch; entries past nj are unused.
+#define HY_MAXJ 8
+struct HyJobs {
+    HyJob j[HY_MAXJ];
+};
+
 // q4tp rows to the tensor-core layout, one thread per (tile, group, lane) of the output.
 //   na, nb   nibble planes u8 [src_rows][gpr][16] of payloads A and B (B = A unless a pair)
 //   ca, cb   code planes u8 [src_rows][stride] (5-bit codes, LSB first; FORMAT.md)

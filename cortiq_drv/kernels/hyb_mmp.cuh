@@ -243,7 +243,8 @@ __device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring) {
 //   nor on TB or the grid: a row's outputs are bit for bit the same in any call with the same KS.
 //   The code is specialised on the n-tiles the call fills (ceil(3 n / 8)), so a one-row call does
 //   one n-tile's mma and scaling only.
-//   jobs  HyJob [nj] (blk0 ascending, the first 0); p0, p1, p2 bf16 [n][xs]; cols the input width.
+//   jobs  HyJob [nj] (blk0 ascending, the first 0; the kernels take them by value, HyJobs, nj <=
+//         HY_MAXJ); p0, p1, p2 bf16 [n][xs]; cols the input width.
 //   Epilogues: kind 6: y = W x, or res + W x when res != 0; kind 6 | 0x100 (a pair): o =
 //   silu(gate) * up of pair row 8 tile + i, written as bf16 hi = bf16(o) into y and
 //   bf16((o - hi) / 2) into res, so the planes (y, res, res) sum to hi + bf16(o - hi).
@@ -343,8 +344,9 @@ __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0
 
 #define HY_MMP(NT, TB, KS)                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * KS, HY_MB_##NT##_##KS) hy_mmp_##NT##_##TB##_##KS(  \
-        const HyJob* jobs, int nj, const bf16* p0, const bf16* p1, const bf16* p2, int xs, int n, int cols) { \
-        hy_mmp<NT, TB, KS>(jobs, nj, p0, p1, p2, xs, n, cols);                                          \
+        const __grid_constant__ HyJobs jt, int nj, const bf16* p0, const bf16* p1, const bf16* p2, int xs, int n, \
+        int cols) {                                                                                     \
+        hy_mmp<NT, TB, KS>(jt.j, nj, p0, p1, p2, xs, n, cols);                                          \
     }
 HY_MMP(1, 1, 8)
 HY_MMP(1, 1, 16)
@@ -357,8 +359,9 @@ HY_MMP(2, 2, 16)
 
 #define HY_MMV(TB, KS)                                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * KS, HY_MV_MB_##KS) hy_mmv_##TB##_##KS(             \
-        const HyJob* jobs, int nj, const bf16* p0, const bf16* p1, const bf16* p2, int xs, int n, int cols) { \
-        hy_mmv<TB, KS>(jobs, nj, p0, p1, p2, xs, n, cols);                                              \
+        const __grid_constant__ HyJobs jt, int nj, const bf16* p0, const bf16* p1, const bf16* p2, int xs, int n, \
+        int cols) {                                                                                     \
+        hy_mmv<TB, KS>(jt.j, nj, p0, p1, p2, xs, n, cols);                                              \
     }
 HY_MMV(1, 8)
 HY_MMV(1, 16)

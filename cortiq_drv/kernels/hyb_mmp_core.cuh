@@ -42,6 +42,8 @@ template <int N>
 __device__ __forceinline__ void hy_cp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+// The line holding p into L1 (no register, no wait): a later load of it hits there.
+__device__ __forceinline__ void hy_pf_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 // An item's outputs from out_s (see hy_mmp): rows r < n of the item's tiles, per the job's kind.
 template <int NC, int TB, int KS>
@@ -171,6 +173,15 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         hy_cp16_if(okc, slot + 1024 + (lane & 3) * 16, cl + (size_t)i * (GS * 16));
         hy_cp_commit();
     };
+    // the residual an epilogue thread adds first (hy_epilogue's k = tid), to L1 with the item's
+    // first stages
+    auto pf_res = [&]() {
+        const HyJob& jb = jobs[ji];
+        const int per = (jb.kind & HY_PAIR) ? 8 : 16, k = tid;
+        if (!jb.res || per == 8 || k >= n * TB * per) return;
+        const int r = k / (TB * per), t = (k / per) % TB, row = (tile0 + t) * 16 + k % per;
+        if (t < nvt && row < jb.rows) hy_pf_l1((const float*)jb.res + (size_t)r * jb.ystride + row);
+    };
     // the item's ladder table: this thread's entries k = tid + e KS 32 of lad (row params
     // fetched early into lo_r / st_r, rungs made later); rows past the matrix get rung 0
     float lo_r[LE], st_r[LE];
@@ -190,8 +201,14 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             sm.lad[k >> 9][(k >> 5) & 15][c] = exp2f(__fadd_rn(lo_r[e], __fmul_rn((float)c, st_r[e])));
         }
     };
+    // B fragments of group gr in bb[gr & 1] (GS is even, so the parity is gu's); an item's
+    // first group's are loaded before its ladders (the same for every item: the columns and the
+    // warp's groups do not change)
+    u32 bb[2][NTC][4];
     locate(bi);
     for (int i = 0; i < S - 1; ++i) issue(i);
+    pf_res();
+    if (PF) hy_ldb<NTC>(bb[0], bq, 0, ng > 0);
     lad_load();
     lad_store();
     __syncthreads();
@@ -201,9 +218,6 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         for (int t = 0; t < TB; ++t)
 #pragma unroll
             for (int j = 0; j < NTC; ++j) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.0f;
-        // B fragments of group gr in bb[gr & 1] (GS is even, so the parity is gu's)
-        u32 bb[2][NTC][4];
-        if (PF) hy_ldb<NTC>(bb[0], bq, 0, ng > 0);
         for (int i = 0; i < nst; ++i) {
             // this lane's copies of stage i done, then every lane's (and every lane is past
             // stage i - 1, whose slot the next issue refills)
@@ -253,6 +267,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         if (bn < total) {
             locate(bn);
             for (int i = 0; i < S - 1; ++i) issue(i);
+            pf_res();
             lad_load();
         }
         // the warps' sums, one n-tile at a time, added in warp order into out[t][row][column]
@@ -273,6 +288,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         }
         hy_epilogue<NC, TB, KS>(jobs[oji], otile0, onvt, sm.out, n);
         if (bn >= total) break;
+        if (PF) hy_ldb<NTC>(bb[0], bq, 0, ng > 0);
         lad_store();
         __syncthreads();
         bi = bn;

@@ -13,6 +13,7 @@ import pytest
 from cortiq_drv import knobs
 from cortiq_drv.cmf import f16, q4tp
 from cortiq_drv.cu import Buf, capture
+from cortiq_drv.cu.nvrtc import compile_cubin, load
 from cortiq_drv.errors import Declined
 from cortiq_drv.hybrid import mma
 from cortiq_drv.hybrid.mats import MatStore
@@ -26,7 +27,8 @@ VARIANTS = [(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)]
 
 @pytest.fixture(scope="module")
 def fx(ctx):
-    return mma.load_funcs(ctx)
+    # hyb.cu's weight-side pieces alone (the same kernels, a third of the compile)
+    return mma.MmaFuncs(ctx, load(ctx, compile_cubin(mma.weight_side_source(), {}, ctx.arch)))
 
 
 @pytest.fixture

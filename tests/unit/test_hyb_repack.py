@@ -124,8 +124,12 @@ def test_mmaset_rules():
     # a 9B gate/up pair: KS 8, two tiles a block
     assert mma.set_rules([24576]) == (False, False)
     assert mma.set_rules([8192]) == (True, False)
-    assert mma.set_rules([16383]) == (True, False)
-    assert mma.set_rules([16384, 1024]) == (False, False)
+    # the rows of the whole set count: a 9B attention q + k + v stays at KS 16, its GDN
+    # qkv + z + a + b goes to KS 8
+    assert mma.set_rules([8192, 1024, 1024]) == (True, False)
+    assert mma.set_rules([8192, 4096, 32, 32]) == (False, False)
+    assert mma.set_rules([12287]) == (True, False)
+    assert mma.set_rules([12288]) == (False, False)
     assert mma.set_rules([2048, 2049]) == (True, False)
     assert mma.variant(1, True, False) == (0, 2, 16)
     assert mma.variant(2, False, True) == (0, 1, 8)
@@ -152,3 +156,23 @@ def test_every_mmp_variant_is_an_entry_point():
     names += [f"hy_mmv_{tb}_{ks}" for tb in (1, 2) for ks in (8, 16)]
     for name in names + ["hy_repack", "hy_split", "hy_rmsnorm2"]:
         assert name.encode() + b"\0" in cubin, name
+
+
+def test_job_args_carry_the_table_by_value():
+    """The launch block: argument 0 the HY_MAXJ-record table (HyJobs), then nj, p0..p2, xs, n, cols."""
+    import ctypes
+    import re
+
+    from cortiq_drv.kernels import source
+
+    assert int(re.search(r"#define HY_MAXJ (\d+)", source("hyb_mma.cuh")).group(1)) == mma.MAXJ
+    specs = [mma.JobSpec(_Mat(40, 0x1000), 0xA000, 0, 40, 40), mma.JobSpec(_Mat(16, 0x2000), 0xB000, 0, 16, 16)]
+    jobs, _ = mma.job_table(specs, mma.KIND_Q4TP, 2)
+    a = mma.JobArgs(jobs, mma.Planes(0x10, 0x20, 0x30, 72), 3, 64)
+    ptrs = (ctypes.c_void_p * 8).from_address(a.addr)
+    table = ctypes.string_at(ptrs[0], mma.MAXJ * 56)
+    assert table[:112] == jobs.tobytes() and table[112:] == bytes(mma.MAXJ * 56 - 112)
+    assert [ctypes.c_int32.from_address(ptrs[i]).value for i in (1, 5, 6, 7)] == [2, 72, 3, 64]
+    assert [ctypes.c_uint64.from_address(ptrs[i]).value for i in (2, 3, 4)] == [0x10, 0x20, 0x30]
+    with pytest.raises(CortiqError, match="at most"):
+        mma.MmaSet(None, specs * 5, mma.KIND_Q4TP)
