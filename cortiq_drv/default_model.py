@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from cortiq_drv import knobs
+from cortiq_drv.chat import QWEN35_STOP_IDS
 from cortiq_drv.cmf import CmfWriter, q4tp
 from cortiq_drv.convert import qwen35_arch as qa
 from cortiq_drv.convert.qwen35 import QWEN35_VOCAB, storage_dtype
@@ -24,7 +25,7 @@ from cortiq_drv.convert.qwen35 import QWEN35_VOCAB, storage_dtype
 # Bumped whenever the generator's output changes, so a cached file of an older build is not reused.
 GENERATOR_VERSION = 1
 # <|im_end|>, <|endoftext|> (TOKENIZER.md).
-QWEN35_EOS = [248046, 248044]
+QWEN35_EOS = list(QWEN35_STOP_IDS)
 # Std of (nibble - 8) for random bytes with nibble 0 moved to 8: -7..7, zero twice as likely.
 _NIBBLE_STD = float(np.sqrt(2 * sum(k * k for k in range(1, 8)) / 16))
 # RMS of the rungs 2^(c / 31), c = 0..31, of a one-octave ladder with lo = 0.

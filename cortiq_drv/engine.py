@@ -18,8 +18,10 @@ seeded, up to the float32 rounding a window's rows share with a one-row step.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
 
@@ -27,15 +29,17 @@ import numpy as np
 
 from cortiq_drv import knobs
 from cortiq_drv.chat import ChatTemplate, stop_ids as header_stop_ids
+from cortiq_drv.convert.qwen35 import QWEN35_VOCAB
+from cortiq_drv.convert.tokenizer_json import QWEN35_SPECIAL_START, QWEN35_SPECIALS
 from cortiq_drv.errors import CortiqError, CudaError, Declined, NoDevice
 from cortiq_drv.graph import GraphAttn
 from cortiq_drv.host import HostModel, Sequence
 from cortiq_drv.nystrom import FarLayer
 from cortiq_drv.sampling import GREEDY, Sampler, Sampling
 
-# Qwen3.5: the embedding has 248320 rows, ids from 248077 on are padding (TOKENIZER.md).
-QWEN35_ROWS = 248320
-QWEN35_REAL = 248077
+# Qwen3.5: ids past its tokenizer's last special token are padding rows of the embedding
+# (TOKENIZER.md: 248077 of 248320).
+QWEN35_REAL = QWEN35_SPECIAL_START + len(QWEN35_SPECIALS)
 # Prompt rows one host call takes.
 PROMPT_CHUNK = 256
 # The longest verify window (the reference's NMAX): the tip and 15 drafts.
@@ -216,12 +220,13 @@ class Engine:
                 else Tokenizer.qwen35()
         return self._tokenizer
 
-    @property
+    @cached_property
     def valid(self) -> int:
-        """Ids [0, valid) can be sampled; the rest are padding rows of the head."""
+        """Ids [0, valid) can be sampled; the rest are padding rows of the head. Kept: it reads
+        the file's vocab section (a copy of its bytes), and every speculative round asks."""
         if self.model.cmf.vocab:
             return min(self.vocab, self.tokenizer.vocab_size)
-        return QWEN35_REAL if self.vocab == QWEN35_ROWS else self.vocab
+        return QWEN35_REAL if self.vocab == QWEN35_VOCAB else self.vocab
 
     def encode(self, prompt: str | Seq[int]) -> list[int]:
         """Token ids of a prompt (text through the tokenizer), checked against the vocabulary."""
@@ -374,19 +379,20 @@ class Engine:
         # a greedy pick without penalties is each row's argmax: taken on the card when there
         pick = not s.needs_logits
         logits, ids, hidden = seq.verify([tip] + drafts, pick)
-        choose = (lambda i, h: int(ids[i])) if ids is not None else lambda i, h: run.sampler(logits[i], h)
+        # row i follows the history and the drafts before it (all kept when row i is reached);
+        # chained, not copied: only a penalty reads it
+        choose = (lambda i: int(ids[i])) if ids is not None else \
+            lambda i: run.sampler(logits[i], itertools.chain(run.history, drafts[:i]))
         c.drafts_proposed += k
         c.verify_rounds += 1
-        history = list(run.history)
         out = []
         for i, d in enumerate(drafts):
-            out.append(choose(i, history))
+            out.append(choose(i))
             if out[-1] != d:
                 break
             c.drafts_accepted += 1
-            history.append(d)
         else:
-            out.append(choose(k, history))
+            out.append(choose(k))
         seq.accept(len(out))
         run.hidden = hidden[len(out) - 1]
         return out

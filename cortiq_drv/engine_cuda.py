@@ -114,6 +114,10 @@ class CardArm:
             raise Declined(WHAT, why)
         return cls(hm, hs)
 
+    def embed(self, ids) -> np.ndarray:
+        """Embedding rows [n, hidden] of `ids` from the host model, float32 C-order (a new array)."""
+        return np.ascontiguousarray(self.hm.embed(ids), dtype=np.float32)
+
     def counters(self) -> tuple[int, int, int]:
         """(graphs recorded, graph replays, declines) of the arm so far (process-wide)."""
         c = self.hs.counters
@@ -135,9 +139,8 @@ class CardArm:
 
         g = self.g
         out = np.empty((len(ids), g.lm_rows), dtype=np.float32)
-        for a in range(0, len(ids), NMAX):
-            b = min(a + NMAX, len(ids))
-            h = np.ascontiguousarray(self.hm.embed(ids[a:b]), dtype=np.float32)
+        for a, b in prompt_chunks(len(ids), NMAX):
+            h = self.embed(ids[a:b])
             sp = SpecTail(g.lm, g.lm_rows, g.final_norm)
             r = api.batch(self.hs, self.hm.cmf, self.kv_id, 0, g.layers, g.invf, h, positions=range(a, b),
                           spec=sp, **self.geo)
@@ -173,9 +176,6 @@ class CardSeq:
         self.window: tuple[int, int] | None = None
         self._host_mtp: Sequence | None = None
 
-    def _embed(self, ids) -> np.ndarray:
-        return np.ascontiguousarray(self.arm.hm.embed(ids), dtype=np.float32)  # [n, hidden]
-
     def _token(self, h: np.ndarray, pos: int, layers, layer_base: int, final_norm, what: str,
                pick: bool = False):
         """One row h [hidden] at `pos` through `layers` with the head: logits [rows], or with
@@ -198,7 +198,7 @@ class CardSeq:
         from cortiq_drv.hybrid import api
 
         a, g = self.arm, self.arm.g
-        h = self._embed(ids)
+        h = self.arm.embed(ids)
         n = len(ids)
         for s, e in prompt_chunks(n - 1, a.chunk):
             r = api.batch(a.hs, a.hm.cmf, a.kv_id, 0, g.layers, g.invf, np.ascontiguousarray(h[s:e]),
@@ -213,7 +213,7 @@ class CardSeq:
         """One decode step of `tok` at the position: (logits [rows], residual row [hidden], None),
         or with `pick` (None, residual row, the greedy pick taken on the card)."""
         g = self.arm.g
-        h = self._embed([tok])[0].copy()
+        h = self.arm.embed([tok])[0]  # a fresh row: the step writes the residual into it
         got = self._token(h, self.pos, g.layers, 0, g.final_norm, f"decode at row {self.pos}", pick)
         self.pos += 1
         self.window = None
@@ -226,7 +226,7 @@ class CardSeq:
 
         a, g = self.arm, self.arm.g
         n = len(toks)
-        h = self._embed(toks)
+        h = self.arm.embed(toks)
         sp = SpecTail(g.lm, self.rows, g.final_norm)
         ids = np.empty(n, dtype=np.int32) if pick else None
         out = api.batch(a.hs, a.hm.cmf, a.kv_id, 0, g.layers, g.invf, h,

@@ -91,7 +91,10 @@ class Sampler:
         p = np.exp(x - x.max())
         p /= p.sum()
         if s.top_p < 1:
-            order = np.argsort(-p, kind="stable")
+            # the ids still in, in the order a stable sort of all of them gives (zeros sort last:
+            # the head's running sums are the same, and zeroing a zero changes nothing)
+            nz = np.flatnonzero(p)
+            order = nz[np.argsort(-p[nz], kind="stable")]
             before = np.cumsum(p[order]) - p[order]
             # keep the smallest head of the sorted ids whose mass reaches top_p
             p[order[before >= s.top_p]] = 0

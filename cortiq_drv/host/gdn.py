@@ -81,9 +81,6 @@ class GdnState:
         d = self.dims
         return self.buf[d.ring_n:].reshape(d.nv, d.dk, d.dv)
 
-    def copy(self) -> "GdnState":
-        return GdnState(self.dims, self.buf.copy())
-
     def load(self, buf: np.ndarray) -> None:
         """Put a saved state vector back (a snapshot, a window's start)."""
         self.buf[:] = buf
@@ -93,12 +90,6 @@ def decay_beta(a: np.ndarray, b: np.ndarray, a_log: np.ndarray,
                dt_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """decay = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b); a, b [T, nv]."""
     return np.exp(-np.exp(a_log) * softplus(a + dt_bias)), sigmoid(b)
-
-
-def gdn_gates(a: np.ndarray, b: np.ndarray, c: GdnConsts) -> tuple[np.ndarray, np.ndarray]:
-    """(beta, decay) [T, nv] of the layer's constants (`decay_beta`)."""
-    decay, beta = decay_beta(a, b, c.a_log, c.dt_bias)
-    return beta, decay
 
 
 def conv_silu(ring: np.ndarray, raw: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -189,7 +180,7 @@ def gdn_mixer(xn: np.ndarray, mm: MatMul, c: GdnConsts, state: GdnState, eps: fl
     start = state.buf.copy() if tape else None
     raw = mm("qkv", xn)  # [T, cdim]
     z = mm("z", xn)  # [T, nv*dv]
-    beta, decay = gdn_gates(mm("a", xn), mm("b", xn), c)  # [T, nv]
+    decay, beta = decay_beta(mm("a", xn), mm("b", xn), c.a_log, c.dt_bias)  # [T, nv]
     o = gdn_scan(state, raw, beta, decay, c.taps)
     y = mm("out", gdn_output(o, z, c.norm, eps))
     rec = GdnTape(start, raw, beta, decay, c.taps) if tape else None

@@ -38,13 +38,6 @@ class Sequence:
         self.window: Window | None = None
         self._snap: tuple[int, dict[int, np.ndarray]] | None = None
 
-    def reset(self) -> None:
-        """An empty sequence (the snapshot goes too)."""
-        self._truncate(0)
-        for st in self.gdn.values():
-            st.buf[:] = 0
-        self._snap = None
-
     def _truncate(self, pos: int) -> None:
         for kv in self.kv.values():
             kv.truncate(pos)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _ref64 import rel_rms
 from cortiq_drv.cmf import CmfFile, f16, q4tp, q8
 from cortiq_drv.convert import convert
 from cortiq_drv.convert import qwen35, qwen35_arch
@@ -61,10 +62,6 @@ def test_f16_read_back_is_f16_rounding(hf_dir, source, tmp_path):
                 np.testing.assert_array_equal(got, f16.round_f16(want), err_msg=name)
 
 
-def _rel_rms(a, b) -> float:
-    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b**2)))
-
-
 def test_q4tp_read_back_is_the_codec(hf_dir, source, tmp_path):
     with _convert(hf_dir, tmp_path, "q4tp") as f:
         n_q4 = 0
@@ -83,7 +80,7 @@ def test_q4tp_read_back_is_the_codec(hf_dir, source, tmp_path):
                 assert bytes(f.tensor(name)) == enc, name
                 np.testing.assert_array_equal(f.array(name), q4tp.decode(enc, *want.shape), err_msg=name)
                 # Gaussian weights on a 16-level grid: relative RMS error about 0.1.
-                assert _rel_rms(f.array(name), want) < 0.15, name
+                assert rel_rms(f.array(name), want) < 0.15, name
         assert n_q4 == 35
 
 
@@ -93,7 +90,7 @@ def test_q8_2f_within_codec_error(hf_dir, source, tmp_path):
             want = source[name]
             assert f.info(name).dtype == "q8_2f"
             assert bytes(f.tensor(name)) == q8.encode(want)
-            assert _rel_rms(f.array(name), want) < 0.02
+            assert rel_rms(f.array(name), want) < 0.02
         assert f.features & 4  # QUANT_2F
 
 

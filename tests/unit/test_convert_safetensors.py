@@ -50,19 +50,15 @@ def test_sharded_index(tmp_path):
         np.testing.assert_array_equal(ck.array("b"), np.zeros((2, 2)))
 
 
-def test_index_naming_a_missing_shard(tmp_path):
+@pytest.mark.parametrize("name, shard, match", [
+    ("b", "s9.safetensors", "s9.safetensors"),  # a shard that is not there
+    ("zz", "s1.safetensors", "'zz'"),  # a tensor its shard lacks
+])  # fmt: skip
+def test_index_naming_what_is_not_there(tmp_path, name, shard, match):
     save(tmp_path / "s1.safetensors", {"a": np.ones(4, np.float32)})
     (tmp_path / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {"a": "s1.safetensors", "b": "s9.safetensors"}}))
-    with pytest.raises(ConvertError, match="s9.safetensors"):
-        Checkpoint.open(tmp_path)
-
-
-def test_index_naming_a_tensor_its_shard_lacks(tmp_path):
-    save(tmp_path / "s1.safetensors", {"a": np.ones(4, np.float32)})
-    (tmp_path / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {"a": "s1.safetensors", "zz": "s1.safetensors"}}))
-    with pytest.raises(ConvertError, match="'zz'"):
+        json.dumps({"weight_map": {"a": "s1.safetensors", name: shard}}))
+    with pytest.raises(ConvertError, match=match):
         Checkpoint.open(tmp_path)
 
 

@@ -3,15 +3,9 @@
 import numpy as np
 import pytest
 
+from _ref64 import rel_rms
 from cortiq_drv.errors import CortiqError, Declined
 from cortiq_drv.nystrom import FarLayer, NystromState, landmark_count, stream_attention
-
-
-def _rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    err = np.sqrt(np.mean((a - b) ** 2) / max(np.mean(b ** 2), 1e-300))
-    assert np.isfinite(err)
-    return err
 
 
 def _causal(q, k, v):
@@ -76,7 +70,7 @@ def test_exact_skeleton_gives_exact_attention(rect_fm):
     q, k, v = _exact_skeleton(rng, T, d, me, seg)
     out = stream_attention(q, k, v, m=me, w=16, sink=4, prefill=me * seg, rect_fm=rect_fm)
     # the ridge (1e-6 of the mean diagonal) is the only approximation left
-    assert _rel(out, _causal(q, k, v)) < 1e-4
+    assert rel_rms(out, _causal(q, k, v)) < 1e-4
 
 
 @pytest.mark.parametrize("T,w,sink,prefill,m", [
@@ -89,13 +83,13 @@ def test_stream_matches_direct_operator(T, w, sink, prefill, m, rect_fm):
     q, k, v = (rng.standard_normal((T, x)) for x in (d, d, dv))
     out = stream_attention(q, k, v, m=m, w=w, sink=sink, prefill=prefill, rect_fm=rect_fm)
     assert out.shape == (T, dv) and out.dtype == np.float32
-    assert _rel(out, _direct(q, k, v, m=m, w=w, sink=sink, prefill=prefill, rect_fm=rect_fm)) < 2e-5
+    assert rel_rms(out, _direct(q, k, v, m=m, w=w, sink=sink, prefill=prefill, rect_fm=rect_fm)) < 2e-5
 
 
 def test_ring_only_is_causal_attention():
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((50, 8)) for _ in range(3))
-    assert _rel(stream_attention(q, k, v, m=32, w=64, sink=4, prefill=50), _causal(q, k, v)) < 1e-6
+    assert rel_rms(stream_attention(q, k, v, m=32, w=64, sink=4, prefill=50), _causal(q, k, v)) < 1e-6
 
 
 def _rows(rng, T, nkv=2, hpk=2, d=16, dv=16):
@@ -126,7 +120,7 @@ def test_seal_from_rows_equals_streaming(t):
             h = 2 * g + j
             want = stream_attention(q[:, h], k[:, g], v[:, g], m=m, w=w, sink=sink, prefill=t)[t:]
             # bulk and one-by-one far sums round differently; random data amplifies it
-            assert _rel(tail[:, h], want) < 1e-4
+            assert rel_rms(tail[:, h], want) < 1e-4
 
 
 def test_snapshot_restore_replays_bit_for_bit():
