@@ -1,3 +1,7 @@
-"""The CUDA hybrid arm (cuda_hybrid.rs), one module per part: repack (q4tp into the tensor-core
-layout), mma (job tables, MmaSet, planes, rows_matvec), mats (DevMat, hmat / hmat_pair, the plan
-arena and VRAM budget). Importing touches no driver."""
+"""The CUDA hybrid arm (cuda_hybrid.rs), one module per part: api (the graph contract: token,
+batch), plan (a stack resolved for the card), state (HState, Card, K/V mirrors, GDN states,
+RowIO), admit / book (states to a call's position, its records), graphs / launch (the small
+path's launches and recorded graphs), big / bigfit (the prompt path and its budget), spec
+(restore, snapshots), repack / mma / mats (q4tp in the tensor-core layout, job tables, DevMat and
+the plan arena), kernels_ref / kernels_big_ref (numpy references of the kernels). Importing
+touches no driver."""

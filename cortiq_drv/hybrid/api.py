@@ -96,7 +96,8 @@ def token(hs, cmf, kv_id: int, layers, invf, h: np.ndarray, *, nh: int, nkv: int
         why = "a multi-step burst, a mid-stack norm or far-field views"
         return TokenGraphOutcome.declined(decline(hs, what, why))
     if position >= cap or h.size != hidden:
-        return TokenGraphOutcome.declined(decline(hs, what, "position past the context cap"))
+        why = "position past the context cap or a row not of the hidden width"
+        return TokenGraphOutcome.declined(decline(hs, what, why))
     if lm_head is not None and (logits.size < lm_head[1] if logits is not None else pick is None):
         return TokenGraphOutcome.declined(decline(hs, what, "no logits buffer of the head's rows"))
     if pick is not None and (lm_head is None or pick.size < 1 or pick.dtype != np.int32):

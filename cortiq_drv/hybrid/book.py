@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from cortiq_drv.errors import CortiqError
-from cortiq_drv.hybrid.plan import GdnL
 from cortiq_drv.cmf.layout import round_up
 from cortiq_drv.hybrid.state import NMAX
 
@@ -39,13 +38,12 @@ class Book:
     layers: list
     ci: np.ndarray
     scratch: tuple
-    # the layers' part of `sig` when the states are the ones `admit` held (their buffers stay put)
-    lsig: tuple | None = None
+    # the layers' part of `sig`, as `admit` held it (the held states' buffers stay put)
+    lsig: tuple
 
     def sig(self) -> tuple:
         """The pointers a graph recorded over this call holds (`run_small`'s signature)."""
-        lsig = self.lsig if self.lsig is not None else tuple(b.ptr for bufs in self.layers for b in bufs)
-        return lsig + tuple(b.ptr for b in self.scratch)
+        return self.lsig + tuple(b.ptr for b in self.scratch)
 
 
 def record(n0: int, n: int) -> list:
@@ -72,10 +70,15 @@ def _scratch(hs, plan, keys_max: int, nbcap_max: int, kcap: int) -> tuple:
     return tuple(hs.scr(name, nbytes) for name, nbytes in sizes.items())
 
 
-def _advance(hs, plan, gdn, kv, views, lsig, pos0: int, n: int, tape: bool, kcap: int) -> Book:
-    """Move the resolved states' cursors past the call (`gdn`, `kv`: the GdnStates and KvMirrors
-    in layer order, as `admit._hold` keeps them) and lay out its records; `lsig`: the layers'
-    pointers, or None."""
+def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, kcap: int) -> Book:
+    """Lay out a call of `n` rows at `pos0` and move the cursors past it. It takes the states as
+    the `admit` just before it resolved and held them (`hs.admitted`: its GdnStates and KvMirrors
+    in layer order, every layer's buffers and their pointers); a call it did not admit is an
+    error."""
+    adm, hs.admitted = hs.admitted, None
+    if adm is None or adm[:3] != ((plan.id, kv_id, layer_base), pos0, n):
+        raise CortiqError(f"book: a call of {n} rows at {pos0} that admit did not resolve")
+    _, _, gdn, _, kv, views, lsig = adm[3]
     end, tp = pos0 + n, ((pos0, n) if tape else None)
     for gs in gdn:
         gs.next_pos = end
@@ -94,28 +97,3 @@ def _advance(hs, plan, gdn, kv, views, lsig, pos0: int, n: int, tape: bool, kcap
     keys_max = max((r[0] + n for r in recs.values()), default=0)
     nbcap_max = max((r[4] for r in recs.values()), default=0)
     return Book(views, ci.reshape(-1), _scratch(hs, plan, keys_max, nbcap_max, kcap), lsig)
-
-
-def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, kcap: int) -> Book:
-    """Lay out a call of `n` rows at `pos0` and move the cursors past it (after `admit`). The
-    states `admit` just resolved come as it held them; otherwise each layer's is looked up."""
-    adm, hs.admitted = hs.admitted, None
-    if adm is not None and adm[:3] == ((plan.id, kv_id, layer_base), pos0, n):
-        held = adm[3]
-        return _advance(hs, plan, held[2], held[4], held[5], held[6], pos0, n, tape, kcap)
-    gdn, kv, views = [], [], []
-    for li, pl in enumerate(plan.layers):
-        key = (kv_id, layer_base + li)
-        if isinstance(pl.mix, GdnL):
-            gs = hs.gdn.get(key)
-            if gs is None:
-                raise CortiqError(f"book: GDN state of layer {key[1]} missing")
-            gdn.append(gs)
-            views.append(gs.views())
-            continue
-        m = hs.kv.get(key)
-        if m is None or m.stored + n > m.cap:
-            raise CortiqError(f"book: K/V mirror of layer {key[1]} missing or without room")
-        kv.append(m)
-        views.append((m.k, m.v))
-    return _advance(hs, plan, gdn, kv, views, None, pos0, n, tape, kcap)

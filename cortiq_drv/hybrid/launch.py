@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from cortiq_drv.cu.args import kargs
+from cortiq_drv.host.ops import rope_tables
 from cortiq_drv.hybrid.book import ATTN_NBLK
 from cortiq_drv.hybrid.mma import MmaFuncs, rmsnorm2
 from cortiq_drv.hybrid.plan import GdnL
@@ -194,12 +195,11 @@ def pick_launch(ctx, plan, n: int, ids) -> None:
                kargs("QiiQiQQ", plan.rows.logits, rows, rows, ids, 0, io.apart, io.acnt))
 
 
-def rope_rows(invf: np.ndarray, positions, out: np.ndarray | None = None) -> np.ndarray:
-    """(sin, cos) per row and frequency, [row][pair][2] f32, angle = f32(position) * invf; into
-    `out` ([rows][pair][2] f32) when given."""
-    ang = np.multiply.outer(np.asarray(positions, dtype=np.float32), invf)  # [rows, half]
-    tab = np.empty(ang.shape + (2,), dtype=np.float32) if out is None else out
-    # each computed contiguous, then placed (the same values np.stack gave)
-    tab[..., 0] = np.sin(ang)
-    tab[..., 1] = np.cos(ang)
+def rope_rows(invf: np.ndarray, positions) -> np.ndarray:
+    """(sin, cos) per row and frequency, [row][pair][2] f32: the host's `rope_tables` (angle =
+    f32(position) * invf) in the layout the kernels read."""
+    cos, sin = rope_tables(invf, np.asarray(positions))  # [rows, half] each
+    tab = np.empty(cos.shape + (2,), dtype=np.float32)
+    tab[..., 0] = sin
+    tab[..., 1] = cos
     return tab

@@ -116,10 +116,6 @@ class MatStore:
         self.pairs[key] = m
         return m
 
-    def arena_bytes(self) -> int:
-        """Bytes the arenas hold (their matrices count here, not in `held`)."""
-        return sum(a.capacity for a in self.arenas)
-
     def close(self) -> None:
         """Free every matrix and arena and give their bytes back to `ctx.resident`."""
         for m in [*self.mats.values(), *self.pairs.values()]:

@@ -128,11 +128,10 @@ class RowBufs:
 
 @dataclass
 class HPlan:
-    """A stack on the card. `id` is unique in the process (graph keys hold it); `ci` holds the
-    attention layers' call records (8 words each); row buffers are NMAX rows each."""
+    """A stack on the card. `id` is unique in the process (graph keys hold it); row buffers are
+    NMAX rows each."""
 
     id: int
-    ci: object
     sig: tuple
     consts: list
     fx: object
@@ -153,6 +152,11 @@ class HPlan:
     quick: tuple | None = None
     # (first position, RoPE rows [ROPE_BLOCK][half * 2] f32) that `token` takes its row from (api.py)
     rope: tuple | None = None
+
+    @property
+    def ci(self):
+        """The attention layers' call records (8 words each), in `rows.io`."""
+        return self.rows.io.ci
 
     @property
     def hpk(self) -> int:
@@ -182,7 +186,7 @@ class HPlan:
             if isinstance(l.mix, GdnL):
                 l.mix.a_h.close()
                 l.mix.b_h.close()
-        for b in [self.ci, *vars(self.rows).values()]:
+        for b in vars(self.rows).values():
             b.close()
 
 
@@ -409,7 +413,7 @@ def build(hs, cmf, layers, lm, final_norm, nh, nkv, hd, rd, hidden, gemma, eps, 
         for buf in vars(b).values():
             buf.close()
         raise
-    return HPlan(next(_PLAN_ID), b.io.ci, sig, consts, fx, out, head, fnorm,
+    return HPlan(next(_PLAN_ID), sig, consts, fx, out, head, fnorm,
                  np.ascontiguousarray(invf[:g.half], dtype=np.float32), nh, nkv, hd, hidden, bool(gemma),
                  float(eps), float(scale), g, b)
 

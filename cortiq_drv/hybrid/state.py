@@ -274,9 +274,8 @@ class HState:
         self.rtabs: dict = {}
         self.scratch: dict = {}
         self._f32: dict = {}
-        # pinned host staging by name, and its views by (name, dtype as passed, count) (`pin`)
+        # pinned host staging by name (`pin`)
         self._pins: dict = {}
-        self._pin_views: dict = {}
         # pinned staging name -> an event recorded after the last copy out of it (`big`'s rows)
         self.staged: dict = {}
         # (plan id, sequence, first layer) -> the states a full admission resolved (`admit`), and
@@ -353,20 +352,14 @@ class HState:
         from and into it without the driver's pageable bounce. Copies from it are truly
         asynchronous, so a caller writes it only once the stream synchronised past the last copy
         that read it. Grown (after a sync), never shrunk."""
-        key = (name, dtype, n)
-        a = self._pin_views.get(key)
-        if a is not None:
-            return a
         nbytes = n * np.dtype(dtype).itemsize
         p = self._pins.get(name)
         if p is None or p.bytes < nbytes:
             if p is not None:
                 self.ctx.sync()
                 p.close()
-                self._pin_views = {k: v for k, v in self._pin_views.items() if k[0] != name}
             p = self._pins[name] = self.card.pinned(round_up(max(nbytes, 1), 4096))
-        a = self._pin_views[key] = p.array(dtype)[:n]
-        return a
+        return p.array(dtype)[:n]
 
     def f32_buf(self, arr: np.ndarray) -> Buf:
         """A float32 vector on the card, one upload per distinct content (`st.f32_buf`)."""

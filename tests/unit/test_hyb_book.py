@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 import _fakecard
+from cortiq_drv.errors import CortiqError
 from cortiq_drv.graph import GraphAttn
 from cortiq_drv.hybrid import spec
 from cortiq_drv.hybrid.admit import admit
@@ -76,6 +78,12 @@ def test_fresh_sequence_admit_and_book(hyb_tiny):
     # the next call: admitted at 3 without a move
     assert admit(hs, p, g.layers, 7, 0, 3, 1, 0) is None
     assert book(hs, p, 7, 0, 3, 1, False, 4096).ci.tolist() == record(3, 1) and gs.tape is None
+    # a call admit did not resolve (its admission taken, or another position): refused, no move
+    assert admit(hs, p, g.layers, 7, 0, 4, 1, 0) is None
+    for pos0 in (5, 4):
+        with pytest.raises(CortiqError, match="admit did not resolve"):
+            book(hs, p, 7, 0, pos0, 1, False, 4096)
+    assert gs.next_pos == 4 and m.stored == 4
 
 
 def test_mirror_rows_from_the_host_as_f16(hyb_tiny):
@@ -149,6 +157,7 @@ def test_scratch_grows_past_4096_keys(hyb_tiny):
     assert bk2.sig() != bk.sig()
     # sized for the cap from the start (CMF_HYB_KCAP=1)
     hs.kcap = True
+    assert admit(hs, p, layers, 5, 0, 4097, 1, 0) is None
     bk3 = book(hs, p, 5, 0, 4097, 1, False, 20000)
     assert bk3.scratch[0].bytes == 16 * g.nh * 20480 * 4
 
