@@ -220,8 +220,8 @@ def main(argv=None) -> int:
     ctx = Ctx.current()
     defines = dict(d.split("=", 1) for d in a.define)
     # the launches' ring size follows a swept hy_mmv ring depth
-    mma.MV_STAGES = int(defines.get("HY_MV_STAGES", mma.MV_STAGES))
-    fx = mma.MmaFuncs(ctx, load(ctx, compile_cubin(mma.weight_side_source(), defines, ctx.arch)))
+    fx = mma.MmaFuncs(ctx, load(ctx, compile_cubin(mma.weight_side_source(), defines, ctx.arch)),
+                      int(defines.get("HY_MV_STAGES", mma.MV_STAGES)))
     out = open(a.out, "a") if a.out else None
 
     def emit(line):

@@ -97,10 +97,10 @@ def _line(**kv) -> None:
     print(json.dumps(kv), flush=True)
 
 
-def _prompt(hs, cmf, g, geo, kv: int, n: int, chunk: int, rng) -> float:
-    """Seconds of one prompt of n random rows as an engine runs it: rows [0, n - 1) through
-    api.batch in chunks (nothing copied back), then the last row through api.token with the head
-    (the first logits)."""
+def run_prompt(hs, cmf, g, geo, kv: int, n: int, chunk: int, rng) -> tuple[float, np.ndarray]:
+    """Seconds of one prompt of n random rows as an engine runs it, and its first logits: rows
+    [0, n - 1) through api.batch in chunks (nothing copied back), then the last row through
+    api.token with the head."""
     from cortiq_drv.hybrid import api, spec
 
     h = rng.standard_normal((n, g.hidden)).astype(np.float32)
@@ -120,7 +120,7 @@ def _prompt(hs, cmf, g, geo, kv: int, n: int, chunk: int, rng) -> float:
     hs.ctx.sync()
     dt = time.perf_counter() - t0
     spec.reset(hs, kv)
-    return dt
+    return dt, logits
 
 
 def _cublas(ctx, shapes, n: int, reps: int = 3) -> float:
@@ -166,14 +166,14 @@ def bench_shape(label: str, tokens, reps: int, chunk: int) -> None:
     geo = card_geo(g)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
-    _prompt(hs, cmf, g, geo, 1, min(chunk, 512), chunk, rng)
+    run_prompt(hs, cmf, g, geo, 1, min(chunk, 512), chunk, rng)
     _line(name="plan_build_and_warmup", shape=label, value=round(time.perf_counter() - t0, 2), unit="s")
     shapes = _weights(g)
     for n in tokens:
         ch = min(chunk, n)
         # the warm-up: the scratch for n rows allocated, as an engine past its first prompt has it
-        _prompt(hs, cmf, g, geo, 2, n, ch, rng)
-        times = [_prompt(hs, cmf, g, geo, 2, n, ch, rng) for _ in range(reps)]
+        run_prompt(hs, cmf, g, geo, 2, n, ch, rng)
+        times = [run_prompt(hs, cmf, g, geo, 2, n, ch, rng)[0] for _ in range(reps)]
         tok_s = n / statistics.median(times)
         base = HF_BASELINE.get(label) if n == 4096 else None
         _line(name="prefill_tok_s", shape=label, tokens=n, chunk=ch, value=round(tok_s, 1), unit="tok/s",
@@ -183,7 +183,7 @@ def bench_shape(label: str, tokens, reps: int, chunk: int) -> None:
         bigmod.PROF.rows, bigmod.PROF.ns = 0, [0] * len(bigmod.BSTAGES)
         hs.prof = True
         try:
-            total = _prompt(hs, cmf, g, geo, 3, n, ch, rng)
+            total = run_prompt(hs, cmf, g, geo, 3, n, ch, rng)[0]
         finally:
             hs.prof = False
         ns = dict(zip(bigmod.BSTAGES, bigmod.PROF.ns))

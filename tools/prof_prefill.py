@@ -17,13 +17,12 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_prefill import MemCmf, card_geo  # noqa: E402
+from bench_prefill import MemCmf, card_geo, run_prompt  # noqa: E402
 
 
 class Recorder:
@@ -89,28 +88,6 @@ class Recorder:
                     kernels={k: [round(v[0], 3), v[1]] for k, v in top})
 
 
-def _run(hs, cmf, g, geo, n: int, rng) -> tuple[float, np.ndarray]:
-    """bench_prefill's prompt (one chunk), returning its seconds and the first logits."""
-    from cortiq_drv.hybrid import api, spec
-
-    h = rng.standard_normal((n, g.hidden)).astype(np.float32)
-    logits = np.empty(g.lm_rows, np.float32)
-    hs.ctx.sync()
-    t0 = time.perf_counter()
-    out = api.batch(hs, cmf, 2, 0, g.layers, g.invf, np.ascontiguousarray(h[:-1]), positions=range(n - 1),
-                    defer=True, **geo)
-    if not out.ok:
-        raise SystemExit(f"prompt of {n} rows: {out.reason}")
-    out = api.token(hs, cmf, 2, g.layers, g.invf, h[-1].copy(), position=n - 1, lm_head=(g.lm, g.lm_rows),
-                    final_norm=g.final_norm, logits=logits, **geo)
-    if not out.ok:
-        raise SystemExit(f"the last row of a prompt of {n}: {out.reason}")
-    hs.ctx.sync()
-    dt = time.perf_counter() - t0
-    spec.reset(hs, 2)
-    return dt, logits
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="9b")
@@ -132,25 +109,27 @@ def main(argv=None) -> int:
     hs = hstate.current()
     geo = card_geo(g)
     n = a.tokens
+    # bench_prefill's prompt in one chunk: (seconds, the first logits)
+    run = lambda seed: run_prompt(hs, cmf, g, geo, 2, n, n, np.random.default_rng(seed))
     bigfit.FLASH = False
-    _run(hs, cmf, g, geo, n, np.random.default_rng(0))
+    run(0)
     first = None
     for v in a.variants.split(","):
         name, fl, att = v.split(":")
         bigfit.FLASH = fl == "1"
         os.environ["CMF_HYB_ATT_ROWS"] = att
         knobs.reset()
-        _, logits = _run(hs, cmf, g, geo, n, np.random.default_rng(1))
+        _, logits = run(1)
         first = logits if first is None else first
         err = float(np.sqrt(np.mean((logits - first) ** 2) / max(np.mean(first ** 2), 1e-30)))
-        times = [_run(hs, cmf, g, geo, n, np.random.default_rng(2))[0] for _ in range(a.reps)]
+        times = [run(2)[0] for _ in range(a.reps)]
         print(json.dumps(dict(variant=name, tok_s=round(n / statistics.median(times), 1),
                               reps_s=[round(t, 4) for t in times], logits_rel_rms_vs_first=round(err, 6),
                               argmax_same=bool(np.argmax(logits) == np.argmax(first)))), flush=True)
         if name in a.events.split(","):
             rec = Recorder(hs.ctx)
             saved = rec.patch(bigmod, api)
-            wall = _run(hs, cmf, g, geo, n, np.random.default_rng(2))[0]
+            wall = run(2)[0]
             out = rec.report()
             rec.unpatch(bigmod, api, saved)
             out = dict(variant=name, wall_ms=round(wall * 1e3, 2), **out)

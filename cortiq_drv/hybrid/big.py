@@ -27,7 +27,7 @@ from cortiq_drv.blas import Gemm
 from cortiq_drv.cu.args import kargs
 from cortiq_drv.errors import CortiqError
 from cortiq_drv.hybrid.bigfit import (SCAN_ROWS, BigCfg, Fit, att_passes, attn_stride, configured, flash, gdn_stride,
-                                      need, pieces, score_bytes, wd_elems)
+                                      need, pieces, score_bytes)
 from cortiq_drv.hybrid.mma import KIND_Q4TP, dev_ptr
 from cortiq_drv.hybrid.launch import rope_rows
 from cortiq_drv.hybrid.plan import GdnL
@@ -118,39 +118,40 @@ def _stage_rows(hs, bh, h: np.ndarray) -> None:
 
 class _Mul:
     """y [b][ldy] = alpha W x + beta y for a repacked q4tp W and f16 rows x [b][cols]: the
-    weight expanded into `wd` (a band of tiles at a time when it is larger), then a GEMM.
-    `stacked` runs weights that share x as one GEMM when they fit `wd` together."""
+    weight expanded into `wd` (`wd_elems` elements; a band of tiles at a time when it is larger),
+    then a GEMM. `stacked` runs weights that share x as one GEMM when they fit `wd` together."""
 
-    def __init__(self, ctx, fx, wd, wd_rows: int, b: int, st: _Stages):
-        self.ctx, self.fx, self.wd, self.wd_rows, self.b, self.st = ctx, fx, wd, wd_rows, b, st
+    def __init__(self, ctx, fx, wd, wd_elems: int, b: int, st: _Stages):
+        self.ctx, self.fx, self.wd, self.wd_elems, self.b, self.st = ctx, fx, wd, wd_elems, b, st
 
-    def _expand(self, m, dst: int) -> None:
-        """The whole of q4tp matrix m as f16 rows at dst [rows][cols]."""
+    def _expand(self, m, dst: int, t0: int = 0, nt: int = 0) -> None:
+        """Tiles [t0, t0 + nt) of q4tp matrix m (nt 0: the whole matrix, `hy_expand_p`) as f16
+        rows at dst [rows][cols]."""
         if m.kind != KIND_Q4TP:
             raise CortiqError("a weight other than repacked q4tp on the prompt path")
-        threads = -(-m.rows // 16) * (m.cols // 32) * 32
-        self.ctx.launch(self.fx.expand_p, (-(-threads // 256), 1), 256, 0,
-                        kargs("QQQQii", m.w, m.aux0, m.aux1, dst, m.rows, m.cols))
+        threads = (nt or -(-m.rows // 16)) * (m.cols // 32) * 32
+        grid = (-(-threads // 256), 1)
+        if nt:
+            self.ctx.launch(self.fx.expand_pr, grid, 256, 0,
+                            kargs("QQQQiiii", m.w, m.aux0, m.aux1, dst, m.rows, m.cols, t0, nt))
+        else:
+            self.ctx.launch(self.fx.expand_p, grid, 256, 0, kargs("QQQQii", m.w, m.aux0, m.aux1, dst, m.rows, m.cols))
 
     def __call__(self, m, x, y, ldy: int, alpha: float = 1.0, beta: float = 0.0) -> None:
-        ctx, fx, wd = self.ctx, self.fx, self.wd
-        if m.rows * m.cols <= self.wd_rows:
-            self._expand(m, dev_ptr(wd))
+        ctx, wd = self.ctx, self.wd
+        if m.rows * m.cols <= self.wd_elems:
+            self._expand(m, wd)
             self.st.mark(1)
             ctx.gemm(True, False, m.rows, self.b, m.cols, alpha, wd, m.cols, x, m.cols, beta, y, ldy, Gemm.HALF)
             self.st.mark(2)
             return
-        if m.kind != KIND_Q4TP:
-            raise CortiqError("a weight other than repacked q4tp on the prompt path")
         tiles = -(-m.rows // 16)
-        band = max(self.wd_rows // m.cols // 16, 1)
+        band = max(self.wd_elems // m.cols // 16, 1)
         for t0 in range(0, tiles, band):
             nt = min(band, tiles - t0)
             r0 = t0 * 16
             nr = min(nt * 16, m.rows - r0)
-            threads = nt * (m.cols // 32) * 32
-            ctx.launch(fx.expand_pr, (-(-threads // 256), 1), 256, 0,
-                       kargs("QQQQiiii", m.w, m.aux0, m.aux1, wd, m.rows, m.cols, t0, nt))
+            self._expand(m, wd, t0, nt)
             self.st.mark(1)
             ctx.gemm(True, False, nr, self.b, m.cols, alpha, wd, m.cols, x, m.cols, beta, dev_ptr(y) + r0 * 4, ldy,
                      Gemm.HALF)
@@ -163,7 +164,7 @@ class _Mul:
         fit it together (a thin weight then costs no GEMM of its own), else a GEMM (or bands)
         each."""
         rows = [p[1] if isinstance(p, tuple) else p.rows for p in parts]
-        if sum(rows) * cols > self.wd_rows:
+        if sum(rows) * cols > self.wd_elems:
             r0 = 0
             for p, r in zip(parts, rows):
                 at = dev_ptr(y) + r0 * 4
@@ -318,7 +319,6 @@ def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: 
     bh = scr("hb_h")
     bxn = scr("hb_xn")
     # the expansion buffer: the largest weight or stack of weights, or a band of rows of it
-    wd_rows = wd_elems(plan, cfg.wd_bytes)[1]
     wd = scr("hb_wd")
     want = hs.taps_wanted
     tapping = bool(want) and layer_base == 0 and all(l < len(plan.layers) for l in want)
@@ -330,7 +330,7 @@ def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: 
         btab.upload_async(tab)
     PROF.rows += b
     st.mark(7)
-    mul = _Mul(ctx, fx, wd, wd_rows, b, st)
+    mul = _Mul(ctx, fx, wd, sizes["hb_wd"] // 2, b, st)
     for li, pl in enumerate(plan.layers):
         key = (kv_id, layer_base + li)
         ctx.launch(fx.rmsnorm, (b, 1), 256, 0, kargs("QQQifi", bh, pl.in_norm, bxn, hidden, plan.eps,

@@ -82,11 +82,11 @@ def wmax(plan) -> tuple[int, int]:
     return elems, max((x.cols for x in mats), default=0)
 
 
-def wd_elems(plan, wd_bytes: int) -> tuple[int, int]:
-    """(band capacity in elements `_Mul` works with, elements of the expansion buffer)."""
+def wd_elems(plan, wd_bytes: int) -> int:
+    """Elements of the expansion buffer: the largest weight or stack of weights, at most
+    `wd_bytes` (but one 16-row band of the widest weight at least)."""
     elems, cols = wmax(plan)
-    cap = max(wd_bytes // 2, 16 * cols)
-    return cap, min(elems, cap)
+    return min(elems, max(wd_bytes // 2, 16 * cols))
 
 
 def att_passes(pos0: int, b: int, col_base: int, nh: int, att_rows: int) -> list[tuple[int, int]]:
@@ -140,7 +140,7 @@ def need(plan, b: int, pos0: int, cfg: BigCfg) -> dict:
     largest over the plan's layers): the one place their sizes are written (`big` takes them by
     name from here)."""
     out = {"hb_h": b * plan.hidden * 4, "hb_xn": b * plan.hidden * 2,
-           "hb_wd": wd_elems(plan, cfg.wd_bytes)[1] * 2, "hb_tab": max(b * plan.invf.size * 2 * 4, 4)}
+           "hb_wd": wd_elems(plan, cfg.wd_bytes) * 2, "hb_tab": max(b * plan.invf.size * 2 * 4, 4)}
     for pl in plan.layers:
         m = pl.mix
         part = _gdn_need(m, b) if isinstance(m, GdnL) else _attn_need(plan, m, b, pos0, cfg)
@@ -169,7 +169,8 @@ def _candidates(plan, b: int, cfg: BigCfg):
     attention passes (these two only where attention keeps scores in memory, not `flash`),
     halved pieces (multiples of SCAN_ROWS)."""
     yield cfg
-    steps = [replace(cfg, wd_bytes=min(cfg.wd_bytes, 16 * wmax(plan)[1] * 2))]
+    _, cols = wmax(plan)
+    steps = [replace(cfg, wd_bytes=min(cfg.wd_bytes, 16 * cols * 2))]
     if not flash(plan):
         steps.append(replace(steps[-1], hint=0))
         while steps[-1].att_rows > MIN_ATT:

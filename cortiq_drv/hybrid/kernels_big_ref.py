@@ -74,6 +74,15 @@ def _chunks(n: int, chunk: int):
     return [(c0, min(n, c0 + chunk)) for c0 in range(0, n, chunk)]
 
 
+def _qk(rows: np.ndarray, nk: int, dk: int, rep: int) -> tuple[np.ndarray, np.ndarray]:
+    """The q and k heads of cq rows [c, cdim], each key head repeated for its `rep` value heads ->
+    (q, k) [nv, c, dk]."""
+    c = rows.shape[0]
+    q = np.repeat(rows[:, :nk * dk].reshape(c, nk, dk), rep, axis=1).transpose(1, 0, 2)
+    k = np.repeat(rows[:, nk * dk:2 * nk * dk].reshape(c, nk, dk), rep, axis=1).transpose(1, 0, 2)
+    return q, k
+
+
 def gdn_wy(cq: np.ndarray, gb: np.ndarray, nk: int, nv: int, chunk: int = CHUNK):
     """`hy_gdn_wy`: the state-free part of the chunked delta rule over cq [n, cdim], gb [n, 2nv]
     -> (g [nv, n], w [nv, n, dk], u [nv, n, dv], p [nv, n, chunk]) as hyb_gdn_chunk.cuh defines them.
@@ -87,8 +96,7 @@ def gdn_wy(cq: np.ndarray, gb: np.ndarray, nk: int, nv: int, chunk: int = CHUNK)
     p = np.zeros((nv, n, chunk), F32)
     for c0, c1 in _chunks(n, chunk):
         rows, c = cq[c0:c1], c1 - c0
-        q = np.repeat(rows[:, :nk * dk].reshape(c, nk, dk), rep, axis=1).transpose(1, 0, 2)  # [nv, c, dk]
-        k = np.repeat(rows[:, nk * dk:2 * nk * dk].reshape(c, nk, dk), rep, axis=1).transpose(1, 0, 2)
+        q, k = _qk(rows, nk, dk, rep)  # [nv, c, dk]
         v = rows[:, 2 * nk * dk:].reshape(c, nv, dv).transpose(1, 0, 2)  # [nv, c, dv]
         with np.errstate(divide="ignore"):
             lg = np.maximum(np.log(gb[c0:c1, :nv].T), F32(LOG_FLOOR))  # [nv, c]
@@ -118,9 +126,8 @@ def gdn_chunk(cq: np.ndarray, g: np.ndarray, w: np.ndarray, u: np.ndarray, p: np
     s = s.copy()
     o = np.empty((n, nv, dv), F32)
     for c0, c1 in _chunks(n, chunk):
-        rows, c = cq[c0:c1], c1 - c0
-        q = np.repeat(rows[:, :nk * dk].reshape(c, nk, dk), rep, axis=1).transpose(1, 0, 2)
-        k = np.repeat(rows[:, nk * dk:2 * nk * dk].reshape(c, nk, dk), rep, axis=1).transpose(1, 0, 2)
+        c = c1 - c0
+        q, k = _qk(cq[c0:c1], nk, dk, rep)
         gc = g[:, c0:c1]
         d = u[:, c0:c1] - w[:, c0:c1] @ s  # [nv, c, dv]
         o[c0:c1] = (np.exp(gc)[..., None] * (q @ s) + p[:, c0:c1, :c] @ d).transpose(1, 0, 2)

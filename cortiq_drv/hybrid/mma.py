@@ -1,6 +1,7 @@
 """The tensor-core matvec of the small path: job tables (`HyJob`), `MmaSet` (`mmaset`,
-`mmaset_pair`, `mmaset_kind`), `Planes`, `split`, `MmaSet.run`, `rows_matvec` (ports of
-cuda_hybrid.rs), and `MmaFuncs`, the kernels of hyb.cu they launch.
+`mmaset_pair`; the reference's `mmaset_kind` is its constructor), `Planes`, `split`,
+`MmaSet.run`, `rows_matvec` (ports of cuda_hybrid.rs), and `MmaFuncs`, the kernels of hyb.cu
+they launch.
 
 Arithmetic contract (kernels/hyb_mma.cuh): a row's outputs are the same bits whatever number of
 rows the call carries and whichever of the TB variants runs; only KS (warps splitting a tile's
@@ -37,16 +38,16 @@ MAXJ = 8
 # dynamic shared memory).
 RING_STAGES = 8
 STAGE_BYTES = 1088
-# hy_mmv's shallower ring (HY_MV_STAGES; a sweep compiling another value sets this to match).
+# hy_mmv's shallower ring (HY_MV_STAGES; a sweep compiling another value gives `MmaFuncs` its own).
 MV_STAGES = 4
 # Registers and threads an SM holds (sm_80, sm_90).
 _SM_REGS = 65536
 _SM_THREADS = 2048
 
 
-def ring_bytes(ks: int, mv: bool = False) -> int:
-    """Dynamic shared memory of an hy_mmp (`mv`: hy_mmv) launch with `ks` warps."""
-    return ks * (MV_STAGES if mv else RING_STAGES) * STAGE_BYTES
+def ring_bytes(ks: int, stages: int) -> int:
+    """Dynamic shared memory of an hy_mmp / hy_mmv launch with `ks` warps and rings of `stages`."""
+    return ks * stages * STAGE_BYTES
 
 
 def blocks_per_sm(ctx, f, threads: int, dyn_smem: int) -> int:
@@ -61,18 +62,20 @@ def blocks_per_sm(ctx, f, threads: int, dyn_smem: int) -> int:
 class MmaFuncs:
     """The weight-side kernels of one loaded hyb.cu module: `mmp[NT][TB - 1][KS == 16]` (NT 0:
     `hy_mmv_{TB}_{KS}`, the one- and two-row entries; 1, 2: `hy_mmp_{NT}_{TB}_{KS}`), `split`,
-    `rmsnorm2`, `repack` (the matching fields of the reference's `HFuncs`), and `grid_cap`, the
-    blocks each variant keeps resident on the whole card (its grid walks the work items, so a
-    launch never needs more)."""
+    `rmsnorm2`, `repack` (the matching fields of the reference's `HFuncs`), `ring[NT][KS == 16]`,
+    each variant's dynamic shared memory (hy_mmv's rings `mv_stages` deep: the module's
+    HY_MV_STAGES), and `grid_cap`, the blocks each variant keeps resident on the whole card (its
+    grid walks the work items, so a launch never needs more)."""
 
-    def __init__(self, ctx, module):
+    def __init__(self, ctx, module, mv_stages: int = MV_STAGES):
         names = lambda nt, tb, ks: f"hy_mmv_{tb}_{ks}" if nt == 0 else f"hy_mmp_{nt}_{tb}_{ks}"
         self.mmp = [[[module.func(names(nt, tb, ks)) for ks in (8, 16)] for tb in (1, 2)] for nt in (0, 1, 2)]
+        self.ring = [[ring_bytes(ks, mv_stages if nt == 0 else RING_STAGES) for ks in (8, 16)] for nt in (0, 1, 2)]
         self.grid_cap = [[[0, 0], [0, 0]] for _ in range(3)]
         for nt in (0, 1, 2):
             for tb in (1, 2):
                 for ki, ks in enumerate((8, 16)):
-                    f, ring = self.mmp[nt][tb - 1][ki], ring_bytes(ks, nt == 0)
+                    f, ring = self.mmp[nt][tb - 1][ki], self.ring[nt][ki]
                     f.allow_smem(ring)
                     self.grid_cap[nt][tb - 1][ki] = blocks_per_sm(ctx, f, 32 * ks, ring) * ctx.sm_count
         self.split = module.func("hy_split")
@@ -239,7 +242,7 @@ class MmaSet:
             args = self._args[key] = JobArgs(self.jobs[tb - 1], p, n, self.cols)
         ki = int(ks == 16)
         grid = min(self.blocks[tb - 1], fx.grid_cap[nt][tb - 1][ki])
-        ctx.launch(fx.mmp[nt][tb - 1][ki], (grid, 1), 32 * ks, ring_bytes(ks, nt == 0), args)
+        ctx.launch(fx.mmp[nt][tb - 1][ki], (grid, 1), 32 * ks, fx.ring[nt][ki], args)
 
     def close(self) -> None:
         """Nothing on the card to free (the job tables travel in the launches' parameters); kept
@@ -256,11 +259,6 @@ def mmaset_pair(ctx, m, p0, p1, pstride: int) -> MmaSet:
     """One gate/up pair (see `hmat_pair`) whose output silu(gate) * up is written as the bf16
     planes p0 (hi) and p1 (half the rest), `pstride` a row (`mmaset_pair`)."""
     return MmaSet(ctx, [JobSpec(m, dev_ptr(p0), dev_ptr(p1), pstride, m.rows)], KIND_Q4TP | KIND_PAIR)
-
-
-def mmaset_kind(ctx, list_, kind: int) -> MmaSet:
-    """`mmaset` with an explicit job kind (`mmaset_kind`)."""
-    return MmaSet(ctx, list_, kind)
 
 
 def split(ctx, fx, p: Planes, x, xstride: int, cols: int, n: int) -> None:

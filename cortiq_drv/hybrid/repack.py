@@ -142,19 +142,23 @@ def random_q4tp(rows: int, cols: int, rng: np.random.Generator) -> bytes:
     return b.tobytes()
 
 
+def _plane_offsets(t_bytes: int, cc_bytes: int) -> tuple[int, int]:
+    """Where the codes and the ladders start in a matrix's allocation (tiles first)."""
+    cc_at = round_up(t_bytes, 256)
+    return cc_at, round_up(cc_at + cc_bytes, 256)
+
+
 def planes_bytes(rows: int, cols: int) -> int:
     """The bytes `mat_planes` takes for a rows x cols matrix (`planes_bytes`)."""
     ntile, gpr = -(-rows // TILE), cols // GROUP
-    cc_at = round_up(ntile * gpr * 256, 256)
-    lad_at = round_up(cc_at + ntile * gpr * 16, 256)
+    _, lad_at = _plane_offsets(ntile * gpr * 256, ntile * gpr * 16)
     return round_up(lad_at + rows * 8 + 64, 256)
 
 
 def mat_planes(ctx, t_bytes: int, cc_bytes: int, lad: np.ndarray, arena=None):
     """A repacked matrix's planes (tiles, codes, ladders) in one allocation, from `arena` when it
     has room (`mat_planes`): (all, codes view, ladders view); the ladders are uploaded here."""
-    cc_at = round_up(t_bytes, 256)
-    lad_at = round_up(cc_at + cc_bytes, 256)
+    cc_at, lad_at = _plane_offsets(t_bytes, cc_bytes)
     lad_bytes = lad.nbytes + 64
     total = lad_at + lad_bytes
     if arena is not None and arena.fits(total):

@@ -2,18 +2,20 @@
 math: the expansion against q4tp.decode (bits), the chunked delta rule against the serial scan,
 the GDN glue against the small path's front, the attention passes (two GEMMs a KV group emulated
 in float32 over f16 operands) against exact attention, the pair's FFN middle against
-silu(gate) * up.
+silu(gate) * up; big's launch constants against the kernels' macros; big on a fake card.
 
 Tolerances: expansion bit-exact; f32 paths relative RMS <= 1e-5 (2e-5 for the chunked scan's
 regrouped sums); paths through f16 operands relative RMS <= 3e-3.
 """
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import _fakecard
+from _ref64 import rel_rms
 from cortiq_drv.cmf import q4tp
 from cortiq_drv.graph import GraphAttn, SpecTail
 from cortiq_drv.hybrid.admit import admit
@@ -23,14 +25,9 @@ from cortiq_drv.host.ops import F32, rms_norm, silu
 from cortiq_drv.hybrid import api, bigfit
 from cortiq_drv.hybrid import kernels_big_ref as br
 from cortiq_drv.hybrid import kernels_ref as kr
-from cortiq_drv.hybrid.big import _Mul, _Stages, att_passes, big
+from cortiq_drv.hybrid.big import (CHUNK_SMEM, CHUNK_WARPS, CONV_ROWS, WY_SMEM, _Mul, _Stages, att_passes, big,
+                                   flash_smem)
 from cortiq_drv.hybrid.repack import pair_map, random_q4tp, repack_q4tp, repack_rows
-
-
-def rel_rms(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert np.isfinite(a).all() and np.isfinite(b).all()
-    return float(np.sqrt(np.mean((a - b) ** 2) / max(np.mean(b ** 2), 1e-300)))
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 32), (16, 64), (17, 96), (40, 1056)])
@@ -169,6 +166,34 @@ def test_att_passes_cover_the_rows_and_shrink_under_the_cap():
     big = att_passes(1 << 20, 128, 0, 16, 128)
     assert sum(bn for _, bn in big) == 128 and all(bn == 64 for _, bn in big)
     assert att_passes(10, 16, 10, 4, 128) == [(0, 16)]
+
+
+class _Macros(dict):
+    """The object-like `#define`s of a kernel source as Python values (integer arithmetic without
+    division), evaluated on first use; `given` (-D values) first."""
+
+    def __init__(self, text: str, **given):
+        super().__init__(given)
+        self.body = {name: body.replace("\\\n", " ")
+                     for name, body in re.findall(r"^#define (\w+) ((?:.*\\\n)*.*)$", text, re.M)}
+
+    def __missing__(self, name: str) -> int:
+        assert "/" not in self.body[name], name
+        self[name] = eval(self.body[name], {"__builtins__": {}}, self)
+        return self[name]
+
+
+def test_launch_constants_are_the_kernels_macros():
+    """big's launch geometry spells the kernels' macros (hyb_gdn_chunk.cuh, hyb_flash.cuh,
+    hyb_big.cuh): a launch with less dynamic shared memory than the kernel uses would corrupt it."""
+    from cortiq_drv.kernels import source
+
+    text = source("hyb.cu")
+    m = _Macros(text)
+    assert (WY_SMEM, CHUNK_SMEM) == (m["HB_WY_SMEM"], m["HB_CHUNK_SMEM"])
+    assert (CHUNK_WARPS, CONV_ROWS, bigfit.SCAN_ROWS, br.CHUNK) == (m["HB_CW"], m["HB_CONV_R"], m["HB_C"], m["HB_C"])
+    for hpk, hd in [(1, 64), (2, 128), (4, 256), (5, 96), (8, 256)]:
+        assert flash_smem(hpk, hd) == _Macros(text, HPK=hpk, HD=hd)["HB_FLASH_SMEM"], (hpk, hd)
 
 
 # ---- big on a fake card: what it launches and asks cuBLAS for ------------------------------

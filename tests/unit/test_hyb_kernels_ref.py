@@ -12,15 +12,10 @@ import re
 import numpy as np
 import pytest
 
+from _ref64 import rel_rms
 from cortiq_drv.hybrid import kernels_ref as kr
 
 F32 = np.float32
-
-
-def rel_rms(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert np.isfinite(a).all() and np.isfinite(b).all()
-    return float(np.sqrt(np.mean((a - b) ** 2) / max(np.mean(b ** 2), 1e-300)))
 
 
 def _gdn_inputs(rng, n, nk=2, nv=4, dk=16, dv=16, kk=4, hidden=64):

@@ -1,5 +1,6 @@
 """The host repack into the tensor-core layout (hybrid/repack.py), decoded back independently,
-equals q4tp.decode bit for bit; the HyJob table bytes; MmaSet's rules; hy_mmp entry points."""
+equals q4tp.decode bit for bit; the HyJob table bytes; MmaSet's rules and launch rings; hy_mmp
+entry points."""
 
 import numpy as np
 import pytest
@@ -176,3 +177,37 @@ def test_job_args_carry_the_table_by_value():
     assert [ctypes.c_uint64.from_address(ptrs[i]).value for i in (2, 3, 4)] == [0x10, 0x20, 0x30]
     with pytest.raises(CortiqError, match="at most"):
         mma.MmaSet(None, specs * 5, mma.KIND_Q4TP)
+
+
+def test_mmp_launches_take_their_variants_ring():
+    """Each variant launches with its ring's dynamic shared memory: HY_STAGES stages of HY_STAGE
+    bytes a warp for hy_mmp, HY_MV_STAGES for hy_mmv (the kernels' values), or the depth a sweep
+    compiled hy_mmv with when MmaFuncs is given one."""
+    import re
+
+    import _fakecard
+    from cortiq_drv.kernels import source
+
+    core = source("hyb_mmp_core.cuh")
+    stages, mv, stage = (int(re.search(rf"#define {name} (\d+)", core).group(1))
+                         for name in ("HY_STAGES", "HY_MV_STAGES", "HY_STAGE"))
+    assert (mma.RING_STAGES, mma.MV_STAGES, mma.STAGE_BYTES) == (stages, mv, stage)
+
+    class SmemCtx(_fakecard.FakeCtx):
+        def launch(self, f, grid, block, smem, args):
+            self.launches.append((f.name, block, smem))
+
+    ctx = SmemCtx()
+    ms = mma.MmaSet(ctx, [mma.JobSpec(_Mat(40, 0x1000), 0xA000, 0, 40, 40)], mma.KIND_Q4TP)
+    p = mma.Planes(0x10, 0x20, 0x30, 64)
+    variants = [(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)]
+    fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
+    for nt, tb, ks in variants:
+        ms.launch(ctx, fx, p, 1, nt, tb, ks)
+    assert ctx.launches == [(f"hy_mmv_{tb}_{ks}" if nt == 0 else f"hy_mmp_{nt}_{tb}_{ks}", 32 * ks,
+                             ks * (mv if nt == 0 else stages) * stage) for nt, tb, ks in variants]
+    ctx.launches.clear()
+    swept = mma.MmaFuncs(ctx, _fakecard.FakeModule(), 6)
+    for nt, tb, ks in variants:
+        ms.launch(ctx, swept, p, 1, nt, tb, ks)
+    assert [s for _, _, s in ctx.launches] == [ks * (6 if nt == 0 else stages) * stage for nt, tb, ks in variants]
