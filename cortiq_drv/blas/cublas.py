@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from cortiq_drv import knobs
+from cortiq_drv.cu.args import dev_ptr
 from cortiq_drv.cu.buf import Buf
 from cortiq_drv.errors import CublasError
 
@@ -128,10 +129,6 @@ def _check(status: int, call: str, args: str = "") -> None:
         raise CublasError(call, status_name(status), args)
 
 
-def _ptr(x) -> int:
-    return int(getattr(x, "ptr", x))
-
-
 class Cublas:
     """A handle on the context's stream with a fixed 32 MiB workspace (create outside capture)."""
 
@@ -158,8 +155,8 @@ class Cublas:
         ab, ct, comp = mode.value
         al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
         _check(self.lib.cublasGemmEx(self.handle, int(ta), int(tb), m, n, k, ctypes.byref(al),
-                                     _ptr(a), ab, lda, _ptr(b), ab, ldb, ctypes.byref(be),
-                                     _ptr(c), ct, ldc, comp, _GEMM_DEFAULT),
+                                     dev_ptr(a), ab, lda, dev_ptr(b), ab, ldb, ctypes.byref(be),
+                                     dev_ptr(c), ct, ldc, comp, _GEMM_DEFAULT),
                "cublasGemmEx", f"{mode.name} ta={ta} tb={tb} m={m} n={n} k={k} "
                f"lda={lda} ldb={ldb} ldc={ldc}")
 
@@ -171,8 +168,8 @@ class Cublas:
         al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
         _check(self.lib.cublasGemmStridedBatchedEx(
             self.handle, int(ta), int(tb), m, n, k, ctypes.byref(al),
-            _ptr(a), _R_16F, lda, stride_a, _ptr(b), _R_16F, ldb, stride_b, ctypes.byref(be),
-            _ptr(c), _R_32F, ldc, stride_c, count, _COMPUTE_32F, _GEMM_DEFAULT),
+            dev_ptr(a), _R_16F, lda, stride_a, dev_ptr(b), _R_16F, ldb, stride_b, ctypes.byref(be),
+            dev_ptr(c), _R_32F, ldc, stride_c, count, _COMPUTE_32F, _GEMM_DEFAULT),
             "cublasGemmStridedBatchedEx", f"{count} x m={m} n={n} k={k} ta={ta} tb={tb}")
 
     def close(self) -> None:

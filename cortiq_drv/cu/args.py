@@ -19,7 +19,7 @@ _FORMATS = {"Q": "<Q", "i": "<i", "I": "<I", "f": "<f"}
 _SLOT = 8
 
 
-def _ptr(value) -> int:
+def dev_ptr(value) -> int:
     """A device pointer from a Buf (anything with `.ptr`), an int, or None (null)."""
     if value is None:
         return 0
@@ -51,7 +51,7 @@ class KArgs:
     def set(self, i: int, value) -> None:
         """Repack argument `i` in place (the launch address stays the same)."""
         code = self.fmt[i]
-        v = _ptr(value) if code == "Q" else value
+        v = dev_ptr(value) if code == "Q" else value
         try:
             struct.pack_into(_FORMATS[code], self._slots, _SLOT * i, v)
         except struct.error as e:

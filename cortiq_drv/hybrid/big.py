@@ -24,11 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from cortiq_drv.blas import Gemm
-from cortiq_drv.cu.args import kargs
+from cortiq_drv.cu.args import dev_ptr, kargs
 from cortiq_drv.errors import CortiqError
 from cortiq_drv.hybrid.bigfit import (SCAN_ROWS, BigCfg, Fit, att_passes, attn_stride, configured, flash, gdn_stride,
                                       need, pieces, score_bytes)
-from cortiq_drv.hybrid.mma import KIND_Q4TP, dev_ptr
+from cortiq_drv.hybrid.mma import KIND_Q4TP
 from cortiq_drv.hybrid.launch import rope_rows
 from cortiq_drv.hybrid.plan import GdnL
 

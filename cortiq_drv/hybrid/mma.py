@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cortiq_drv.cu import Buf
-from cortiq_drv.cu.args import kargs
+from cortiq_drv.cu.args import dev_ptr, kargs
 from cortiq_drv.errors import CortiqError
 
 # Rows of the small path (the reference's NMAX).
@@ -125,11 +125,6 @@ class JobSpec:
     res: int
     ystride: int
     rows: int
-
-
-def dev_ptr(x) -> int:
-    """A device pointer from a Buf (anything with `.ptr`), an int, or None (null)."""
-    return int(getattr(x, "ptr", x) or 0)
 
 
 def job_table(list_, kind: int, tb: int) -> tuple[np.ndarray, int]:
