@@ -51,6 +51,62 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order: a butterfly in
+// each warp, then every thread adds the warps' sums in warp order. red: __shared__ float[32].
+// Every thread of the block must call it; every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = warp_sum(v);
+    __syncthreads();  // red may still be read by a previous call
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += red[w];
+    return s;
+}
+
+// Max over the block, as block_sum.
+__device__ __forceinline__ float block_max(float v, float* red) {
+    v = warp_max(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = red[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, red[w]);
+    return m;
+}
+
+// 16 bytes global -> shared without registers (cp.async.cg, L1 bypassed), to a shared-window
+// address or to a generic pointer into shared memory; cp_async16_if copies only when p (a
+// predicate inside the asm, no branch). Then the fences of the cp.async groups (sm_80 and up).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    cp_async16((u32)__cvta_generic_to_shared(dst), src);
+}
+__device__ __forceinline__ void cp_async16_if(bool p, u32 dst, const void* src) {
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q cp.async.cg.shared.global [%0], [%1], 16; }" ::"r"(dst),
+                 "l"(src), "r"((int)p)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// ldmatrix.x4: four 8 x 8 matrices of 16-bit values from shared memory (lane 8 i + r gives the
+// address of row r of matrix i); register i gets matrix i's row lane >> 2, elements 2 (lane & 3)
+// and the next.
+__device__ __forceinline__ void ldsm4(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm4(u32* r, const void* p) { ldsm4(r, (u32)__cvta_generic_to_shared(p)); }
+
 // 1 / (1 + e^-x) with full-precision expf (the reference's sigmoid).
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 

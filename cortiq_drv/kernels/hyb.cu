@@ -14,3 +14,4 @@
 #include "hyb_attn.cuh"
 #include "hyb_big.cuh"
 #include "hyb_gdn_chunk.cuh"
+#include "hyb_flash.cuh"

@@ -1,6 +1,7 @@
 // Gated full attention of the small path (the reference's hy_qk, hy_scores, hy_values, hy_finish),
 // docs/MODEL.md "Gated full attention", plus the head's helpers (hy_argmax, hy_embed_gather,
-// hy_to_half). Compiled per geometry: HPK query heads per KV head, HD the head width (hyb.cu).
+// hy_to_half) and hy_copy16, the decode step's staging copy. Compiled per geometry: HPK query
+// heads per KV head, HD the head width (hyb.cu).
 //
 // The call record (one a layer, 8 int words, uploaded before every call so a recorded graph reads
 // the current one): [0] n0 = mirror rows before the call, [1] the mirror row of the call's first
@@ -78,7 +79,7 @@ extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const f
     const float* nw = isq ? qn : kn;
     float x = src[d];
     if (nw) {
-        const float ms = hy_block_sum(x * x, red) / (float)HD;
+        const float ms = block_sum(x * x, red) / (float)HD;
         x = x / sqrtf(ms + eps) * (gemma ? 1.0f + nw[d] : nw[d]);
     }
     if (half > 0) {
@@ -281,6 +282,15 @@ __device__ __forceinline__ void argmax_take(float v, int c, float& best, int& id
     }
 }
 
+// The warp's lanes' (best, idx) taken together, on every lane.
+__device__ __forceinline__ void argmax_warp(float& best, int& idx) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        argmax_take(ov, oi, best, idx);
+    }
+}
+
 // hy_argmax: out[off + r] = the index of the largest of logits[r][0 .. rows), the lowest index
 // among equals (NaN never wins; a row of NaN gives 0). Block b of row r = blockIdx.y takes the
 // b-th of gridDim.x equal runs of the row's 16-byte groups (eight loads in flight a thread; block
@@ -323,11 +333,7 @@ extern "C" __global__ void __launch_bounds__(256)
             }
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        argmax_take(ov, oi, best, idx);
-    }
+    argmax_warp(best, idx);
     if ((threadIdx.x & 31) == 0) {
         bv[threadIdx.x >> 5] = best;
         bi[threadIdx.x >> 5] = idx;
@@ -356,11 +362,7 @@ extern "C" __global__ void __launch_bounds__(256)
         asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(i) : "l"(pr + 2 * b + 1));
         argmax_take(v, i, best, idx);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        argmax_take(ov, oi, best, idx);
-    }
+    argmax_warp(best, idx);
     if (threadIdx.x == 0) out[off + r] = idx == 0x7fffffff ? 0 : idx;
 }
 
@@ -395,9 +397,7 @@ extern "C" __global__ void hy_embed_gather(const u32* tiles, const unsigned char
     const int lane = (i % 8) * 4 + tig, m = 2 * (q % 2) + (i >= 8);
     const u32 word = tiles[(tg * 32 + lane) * 2 + q / 2];
     const int nib = (word >> (4 * m + 16 * (k & 1))) & 15;
-    const float code = (float)codes[tg * 16 + i];
-    // no contraction: lo + code * step rounded as the host's float32 arithmetic rounds it
-    out[c] = (float)(nib - 8) * exp2f(__fadd_rn(lad[2 * r], __fmul_rn(code, lad[2 * r + 1])));
+    out[c] = (float)(nib - 8) * hy_rung(lad[2 * r], lad[2 * r + 1], codes[tg * 16 + i]);
 }
 
 // hy_to_half: dst[i] = f16(src[i]) (round to nearest even) for i < count. Pointers: src f32, dst

@@ -16,32 +16,15 @@
 // [nkv][cols][l_rows] (column c of group g at (g * cols + c) * l_rows); the GEMM's output is
 // group-major too, ao [nkv][n][hpk][hd] f32; the row sums' inverses isum [nkv][n * hpk].
 
-// Sum / max over the block (blockDim.x a multiple of 32, at most 1024), in a fixed order: warp
-// butterflies, then the warps' values in warp order. red: __shared__ float[32]. Every thread of
-// the block must call it; every thread gets the result.
-__device__ __forceinline__ float hb_block_sum(float v, float* red) {
-    v = warp_sum(v);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += red[w];
-    return s;
-}
-
-__device__ __forceinline__ float hb_block_max(float v, float* red) {
-    v = warp_max(v);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float m = red[0];
-    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, red[w]);
-    return m;
-}
-
 // Two f32 values as packed f16 (the first in the low half).
 __device__ __forceinline__ u32 hb_h2(float lo, float hi) {
     return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
+}
+
+// Head h = g * hpk + i of query row r (g = h / hpk, i = h % hpk) in the group-major order
+// [nkv][n][hpk] (header).
+__device__ __forceinline__ size_t hb_gmajor(int h, size_t r, int n, int hpk) {
+    return ((size_t)(h / hpk) * n + r) * hpk + h % hpk;
 }
 
 // Tiles [t0, t0 + nt) of a repacked q4tp matrix as f16 rows: band row (t - t0) * 16 + i is
@@ -60,8 +43,7 @@ __device__ __forceinline__ void hb_expand(const u32* tiles, const unsigned char*
     if (r >= rows) return;
     const size_t tg = (size_t)t * gpr + g;
     const u32* wp = tiles + (tg * 32 + (i & 7) * 4) * 2 + s;
-    // no contraction: lo + code * step rounded as the host's float32 arithmetic rounds it
-    const float rung = exp2f(__fadd_rn(lad[2 * r], __fmul_rn((float)codes[tg * 16 + i], lad[2 * r + 1])));
+    const float rung = hy_rung(lad[2 * r], lad[2 * r + 1], codes[tg * 16 + i]);
     u32 out[8];
 #pragma unroll
     for (int tig = 0; tig < 4; ++tig) {
@@ -71,7 +53,7 @@ __device__ __forceinline__ void hb_expand(const u32* tiles, const unsigned char*
             const int m = (i >> 3) + 2 * mh;
             const float w0 = (float)((int)((x >> (4 * m)) & 15u) - 8) * rung;
             const float w1 = (float)((int)((x >> (4 * m + 16)) & 15u) - 8) * rung;
-            out[4 * mh + tig] = (u32)f32_to_f16(w0) | ((u32)f32_to_f16(w1) << 16);
+            out[4 * mh + tig] = hb_h2(w0, w1);
         }
     }
     uint4* dst = (uint4*)(wd + lr * cols + (size_t)g * 32 + 16 * s);
@@ -113,14 +95,13 @@ extern "C" __global__ void hy_rmsnorm(const float* x, const float* w, f16* y, in
         ss = fmaf(v.z, v.z, ss);
         ss = fmaf(v.w, v.w, ss);
     }
-    const float den = sqrtf(hb_block_sum(ss, red) / (float)hidden + eps);
+    const float den = sqrtf(block_sum(ss, red) / (float)hidden + eps);
     uint2* yr = (uint2*)(y + (size_t)blockIdx.x * hidden);
     for (int c = threadIdx.x; c < h4; c += blockDim.x) {
         const float4 v = xr[c], g = w4[c];
         const float a = v.x / den * (gemma ? 1.0f + g.x : g.x), b = v.y / den * (gemma ? 1.0f + g.y : g.y);
         const float d = v.z / den * (gemma ? 1.0f + g.z : g.z), e = v.w / den * (gemma ? 1.0f + g.w : g.w);
-        yr[c] = make_uint2((u32)f32_to_f16(a) | ((u32)f32_to_f16(b) << 16),
-                           (u32)f32_to_f16(d) | ((u32)f32_to_f16(e) << 16));
+        yr[c] = make_uint2(hb_h2(a, b), hb_h2(d, e));
     }
 }
 
@@ -177,17 +158,12 @@ extern "C" __global__ void hy_gdn_conv32(const float* raw, int qs, const float* 
     }
 }
 
-// hy_gdn_ring: the conv ring after the chunk's n raw rows: ring'[j] = ([ring ; raw])[n + j],
-// j < kk - 1, channel c = thread. In place: row j reads row n + j > j, not yet written.
+// hy_gdn_ring: the conv ring after the chunk's n raw rows (gdn_ring_move in place), channel c =
+// thread.
 // Pointers: ring [kk-1][cdim] f32 (in/out), raw [n][qs] f32. Grid ceil(cdim / 256), block 256.
 // Launched after hy_gdn_conv32 (which reads the ring as it was), only when kk > 1.
 extern "C" __global__ void hy_gdn_ring(float* ring, const float* raw, int qs, int n, int cdim, int kk) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cdim) return;
-    for (int j = 0; j < kk - 1; ++j) {
-        const int m = n + j;
-        ring[(size_t)j * cdim + c] = m < kk - 1 ? ring[(size_t)m * cdim + c] : raw[(size_t)(m - (kk - 1)) * qs + c];
-    }
+    gdn_ring_move(ring, ring, raw, qs, n, cdim, kk, blockIdx.x * blockDim.x + threadIdx.x);
 }
 
 // hy_gdn_gb32: the gates of each row and value head from the f32 projections ab [n][abs] (a | b
@@ -201,8 +177,7 @@ extern "C" __global__ void hy_gdn_gb32(const float* ab, int abs, const float* a_
     if (idx >= (size_t)n * nv) return;
     const size_t r = idx / nv;
     const int h = (int)(idx % nv);
-    const float g = -expf(a_log[h]) * softplusf_(ab[r * abs + h] + dt_bias[h]);
-    gb[r * 2 * nv + h] = expf(g);
+    gb[r * 2 * nv + h] = gdn_decay(ab[r * abs + h], a_log[h], dt_bias[h]);
     gb[r * 2 * nv + nv + h] = sigmoidf_(ab[r * abs + nv + h]);
 }
 
@@ -243,7 +218,7 @@ extern "C" __global__ void hy_q_half_g(const float* qg, f16* qh, int n, int nh, 
     if (k >= (size_t)n * nh * hd) return;
     const int d = (int)(k % hd), h = (int)((k / hd) % nh);
     const size_t r = k / ((size_t)hd * nh);
-    qh[(((size_t)(h / hpk) * n + r) * hpk + h % hpk) * hd + d] = f32_to_f16(qg[k]);
+    qh[hb_gmajor(h, r, n, hpk) * hd + d] = f32_to_f16(qg[k]);
 }
 
 // hy_softmax_h: one query column of a pass: its scores s = S[g][c][0 .. l_rows) (already scaled),
@@ -261,14 +236,14 @@ extern "C" __global__ void hy_softmax_h(const float* S, f16* P, float* isum, int
     const int lim = min(l_rows, p0 + c / hpk - col_base + 1);
     float m = __int_as_float(0xff800000);
     for (int k = threadIdx.x; k < lim; k += blockDim.x) m = fmaxf(m, sr[k]);
-    m = hb_block_max(m, red);
+    m = block_max(m, red);
     float sum = 0.0f;
     for (int k = threadIdx.x; k < l_rows; k += blockDim.x) {
         const f16 e = k < lim ? f32_to_f16(expf(sr[k] - m)) : (f16)0;
         pr[k] = e;
         sum += f16_to_f32(e);
     }
-    sum = hb_block_sum(sum, red);
+    sum = block_sum(sum, red);
     if (threadIdx.x == 0) isum[(size_t)g * istride + c] = 1.0f / sum;
 }
 
@@ -283,7 +258,7 @@ extern "C" __global__ void hy_attn_out(const float* ao, const float* isum, const
     if (k >= (size_t)n * nh * hd) return;
     const int d = (int)(k % hd), h = (int)((k / hd) % nh);
     const size_t r = k / ((size_t)hd * nh);
-    const size_t gi = ((size_t)(h / hpk) * n + r) * hpk + h % hpk;
+    const size_t gi = hb_gmajor(h, r, n, hpk);
     float y = ao[gi * hd + d] * isum[gi];
     if (gate) y = y * sigmoidf_(gate[k]);
     out[k] = f32_to_f16(y);
@@ -309,7 +284,6 @@ extern "C" __global__ void hy_silu_pair_half(const float* gu, f16* mh, int inter
     u32 out[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-        out[j] = (u32)f32_to_f16(siluf_(g[2 * j]) * u[2 * j] * 0.0625f) |
-                 ((u32)f32_to_f16(siluf_(g[2 * j + 1]) * u[2 * j + 1] * 0.0625f) << 16);
+        out[j] = hb_h2(siluf_(g[2 * j]) * u[2 * j] * 0.0625f, siluf_(g[2 * j + 1]) * u[2 * j + 1] * 0.0625f);
     *(uint4*)(mh + r * inter + (size_t)t * 8) = make_uint4(out[0], out[1], out[2], out[3]);
 }

@@ -12,7 +12,7 @@
 // at the end out[r][h][d] = f16(O / sum * (gate ? sigmoid(gate[r][h][d]) : 1)): hy_softmax_h then
 // hy_attn_out's values up to where the running max moved (a rounding of p in f16 either way).
 // Shared rows are HD + 8 halves apart, so the 8 rows an ldmatrix reads start 16 bytes apart (no
-// bank conflicts). Included at the end of hyb_gdn_chunk.cuh (its cp.async group fences).
+// bank conflicts).
 #define HB_FQ 16
 #define HB_FK 32
 #define HB_FLD (HD + 8)
@@ -21,18 +21,8 @@
 // Blocks an SM keeps (the accumulators need about 200 registers a thread).
 #define HB_FMIN (HPK <= 4 ? 2 : 1)
 
-__device__ __forceinline__ void hb_cph(f16* dst, const f16* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
-}
-
-// Four 8 x 8 f16 matrices from shared memory (lane l gives row l % 8 of matrix l / 8), plain or
-// transposed.
-__device__ __forceinline__ void hb_ldsm4(u32* r, const f16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((u32)__cvta_generic_to_shared(p)));
-}
+// ldsm4 (common.cuh) transposed: register i gets matrix i's column lane >> 2, rows 2 (lane & 3)
+// and the next.
 __device__ __forceinline__ void hb_ldsm4t(u32* r, const f16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -56,8 +46,8 @@ __device__ __forceinline__ void hb_flash_kv(const f16* kp, const f16* vp, int kv
         f16* vd = vt + t * HB_FLD + d;
         if (k0 + t < nkeys) {
             const size_t at = (size_t)(k0 + t) * kvs + (size_t)g * HD + d;
-            hb_cph(kd, kp + at);
-            hb_cph(vd, vp + at);
+            cp_async16(kd, kp + at);
+            cp_async16(vd, vp + at);
         } else {
             *(uint4*)kd = make_uint4(0u, 0u, 0u, 0u);
             *(uint4*)vd = make_uint4(0u, 0u, 0u, 0u);
@@ -86,12 +76,12 @@ extern "C" __global__ void __launch_bounds__(32 * HPK, HB_FMIN)
         const int t = x / (HPK * (HD / 8)), i = (x / (HD / 8)) % HPK, d = (x % (HD / 8)) * 8;
         f16* qd = qs + (i * HB_FQ + t) * HB_FLD + d;
         if (t < rn)
-            hb_cph(qd, q16 + ((size_t)(r0 + t) * nh + (size_t)g * HPK + i) * HD + d);
+            cp_async16(qd, q16 + ((size_t)(r0 + t) * nh + (size_t)g * HPK + i) * HD + d);
         else
             *(uint4*)qd = make_uint4(0u, 0u, 0u, 0u);
     }
     hb_flash_kv(kp, vp, kvs, g, 0, nkeys, ks, vs);
-    hb_commit();
+    cp_async_commit();
     float o[HD / 8][4];
 #pragma unroll
     for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
@@ -103,8 +93,8 @@ extern "C" __global__ void __launch_bounds__(32 * HPK, HB_FMIN)
         if (it + 1 < ntile)
             hb_flash_kv(kp, vp, kvs, g, (it + 1) * HB_FK, nkeys, ks + ((it + 1) & 1) * HB_FK * HB_FLD,
                         vs + ((it + 1) & 1) * HB_FK * HB_FLD);
-        hb_commit();
-        hb_wait1();  // this tile (and the queries)
+        cp_async_commit();
+        cp_async_wait<1>();  // this tile (and the queries)
         __syncthreads();
         const f16* kt = ks + (it & 1) * HB_FK * HB_FLD;
         const f16* vt = vs + (it & 1) * HB_FK * HB_FLD;
@@ -114,11 +104,11 @@ extern "C" __global__ void __launch_bounds__(32 * HPK, HB_FMIN)
 #pragma unroll
         for (int k0 = 0; k0 < HD; k0 += 16) {
             u32 a[4];
-            hb_ldsm4(a, qw + k0);
+            ldsm4(a, qw + k0);
 #pragma unroll
             for (int j = 0; j < HB_FK / 8; j += 2) {
                 u32 b[4];
-                hb_ldsm4(b, kt + (8 * j + (lane & 7) + (lane >> 4) * 8) * HB_FLD + k0 + ((lane >> 3) & 1) * 8);
+                ldsm4(b, kt + (8 * j + (lane & 7) + (lane >> 4) * 8) * HB_FLD + k0 + ((lane >> 3) & 1) * 8);
                 hb_mma16(s[j], a, b[0], b[1]);
                 hb_mma16(s[j + 1], a, b[2], b[3]);
             }

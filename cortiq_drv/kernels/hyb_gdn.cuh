@@ -16,19 +16,6 @@
 // only on the block shape, never on n: a window's row i is the one-row step at that position, bit
 // for bit, and a restore replays the same arithmetic.
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order: a butterfly in
-// each warp, then every thread adds the warps' sums in warp order. red: __shared__ float[32].
-// Every thread of the block must call it. (hyb_attn.cuh uses it too.)
-__device__ __forceinline__ float hy_block_sum(float v, float* red) {
-    v = warp_sum(v);
-    __syncthreads();  // red may still be read by a previous call
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += red[w];
-    return s;
-}
-
 // The conv ring after n more raw rows: ring'[j] = ([src (kk-1 rows) ; raw (n rows)])[n + j], for
 // channel c. dst may equal src: row j reads row n + j > j, which no earlier step has written.
 __device__ __forceinline__ void gdn_ring_move(float* dst, const float* src, const float* raw, int qs,
@@ -38,6 +25,12 @@ __device__ __forceinline__ void gdn_ring_move(float* dst, const float* src, cons
         int m = n + j;
         dst[(size_t)j * cdim + c] = m < kk - 1 ? src[(size_t)m * cdim + c] : raw[(size_t)(m - (kk - 1)) * qs + c];
     }
+}
+
+// The decay gate of projection a: exp(g), g = -exp(a_log) * softplus(a + dt_bias).
+__device__ __forceinline__ float gdn_decay(float a, float a_log, float dt_bias) {
+    const float g = -expf(a_log) * softplusf_(a + dt_bias);
+    return expf(g);
 }
 
 // hy_gdn_front: conv + SiLU + L2 norms of one row's head-wide channel unit, or one gate.
@@ -74,7 +67,7 @@ extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* r
         }
         float y = on ? siluf_(acc) : 0.0f;
         if (u < 2 * nk) {
-            float ss = hy_block_sum(y * y, red);
+            float ss = block_sum(y * y, red);
             y = y / sqrtf(ss + 1e-6f);
             if (u < nk) y = y * (1.0f / sqrtf((float)dk));
         }
@@ -100,13 +93,12 @@ extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* r
         for (int e = 0; e < 8; ++e) p += xv[e] * wv[e];
     }
     for (; c < hidden; c += bd) p += x[c] * w[c];
-    float dot = hy_block_sum(p, red);
+    float dot = block_sum(p, red);
     if (t != 0) return;
     if (is_b) {
         gb[(size_t)r * 2 * nv + nv + h] = sigmoidf_(dot);
     } else {
-        float g = -expf(a_log[h]) * softplusf_(dot + dt_bias[h]);
-        gb[(size_t)r * 2 * nv + h] = expf(g);
+        gb[(size_t)r * 2 * nv + h] = gdn_decay(dot, a_log[h], dt_bias[h]);
     }
 }
 
@@ -271,7 +263,7 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
     const int r = blockIdx.x / nv, h = blockIdx.x % nv, j = threadIdx.x;
     const size_t at = (size_t)r * nv * dv + h * dv + j;
     const float x = o[at];
-    const float ms = hy_block_sum(x * x, red) / (float)dv;
+    const float ms = block_sum(x * x, red) / (float)dv;
     gdn_norm_put(x, ms, r, h, j, z, zs, norm, of, nv, dv, eps, sig, gemma, p0, p1, p2, ps);
 }
 
@@ -300,7 +292,7 @@ extern "C" __global__ void __launch_bounds__(512)
         const int r = r0 + rr;
         const size_t at = (size_t)r * nv * dv + h * dv + j;
         const float x = r < n ? o[at] : 0.0f;
-        // hy_block_sum over the row's dv threads: warp butterflies, then the row's warps in order
+        // block_sum over the row's dv threads: warp butterflies, then the row's warps in order
         const float ws = warp_sum(x * x);
         __syncthreads();  // ored may still be read by the previous rows
         if ((threadIdx.x & 31) == 0) ored[threadIdx.x >> 5] = ws;

@@ -59,12 +59,6 @@ __device__ __forceinline__ void hb_mma8(float* d, const u32* a, const u32* b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// d += A B over one k-step of 8 (3xTF32, the small terms first).
-__device__ __forceinline__ void hb_mma3(float* d, const u32* ah, const u32* al, const u32* bh, const u32* bl) {
-    hb_mma8(d, al, bh);
-    hb_mma8(d, ah, bl);
-    hb_mma8(d, ah, bh);
-}
 
 // The lane's A fragment (split) of a 16 x 8 tile whose element (m, k) is p[m * ms + k * ks].
 __device__ __forceinline__ void hb_lda(const float* p, int ms, int ks, u32* h, u32* l) {
@@ -82,19 +76,21 @@ __device__ __forceinline__ void hb_ldb(const float* p, int ks, int ns, u32* h, u
     hb_split(p[(c + 4) * ks + g * ns], h[1], l[1]);
 }
 
-// cp.async of 16 and 4 bytes global -> shared, and the group fences (this file's own, so the
-// scan does not lean on the matvec's helpers).
-__device__ __forceinline__ void hb_cp16(float* dst, const float* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
+// d += A B over one k-step of 8 (3xTF32, the small terms first): A the lane's split fragment
+// (hb_lda), B the 8 x 8 tile at p as hb_ldb reads it.
+__device__ __forceinline__ void hb_mma3(float* d, const u32* ah, const u32* al, const float* p, int ks, int ns) {
+    u32 bh[2], bl[2];
+    hb_ldb(p, ks, ns, bh, bl);
+    hb_mma8(d, al, bh);
+    hb_mma8(d, ah, bl);
+    hb_mma8(d, ah, bh);
 }
+
+// cp.async of 4 bytes global -> shared (the 16-byte one and the group fences are common.cuh's).
 __device__ __forceinline__ void hb_cp4(float* dst, const float* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
                  : "memory");
 }
-__device__ __forceinline__ void hb_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void hb_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-__device__ __forceinline__ void hb_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // A chunk's G (inclusive sums of the clamped log decays) and beta into shared memory, by warp 0
 // (lane l: rows 2l, 2l + 1; a scan of the pairs' sums); rows past cn: log decay 0, beta 0.
@@ -148,13 +144,8 @@ __device__ __forceinline__ void hb_wy_mm(const float* xs, const float* ys, int m
         u32 ah[4], al[4];
         hb_lda(xs + mr * 16 * HB_LDK + k0, HB_LDK, 1, ah, al);
 #pragma unroll
-        for (int j = 0; j < 5; ++j) {
-            if (j < cnt) {
-                u32 bh[2], bl[2];
-                hb_ldb(ys + (nt0 + j) * 8 * HB_LDK + k0, 1, HB_LDK, bh, bl);
-                hb_mma3(acc[j], ah, al, bh, bl);
-            }
-        }
+        for (int j = 0; j < 5; ++j)
+            if (j < cnt) hb_mma3(acc[j], ah, al, ys + (nt0 + j) * 8 * HB_LDK + k0, 1, HB_LDK);
     }
 }
 
@@ -166,9 +157,9 @@ __device__ __forceinline__ void hb_wy_mm(const float* xs, const float* ys, int m
 //   the product on the tensor cores, then lane l substitutes its column 32 w + l through the
 //   block's 16 rows in registers (f32 FMAs). A warp reads only its own columns of X, so the solve
 //   needs no block barrier.
-// Pointers: cq [n][cdim] f32 (q | k | v, q and k normed), gb [n][2 nv] f32 (decay | beta); out:
-//   g [nv][n] f32, w [nv][n][128] f32, u [nv][n][128] f32, p [nv][n][64] f32 (row t of a chunk:
-//   P[t][s] for the chunk's s, 0 past t).
+// Pointers: cq [n][cdim] f32 (q | k | v as hy_gdn_conv32 writes them), gb [n][2 nv] f32 (decay |
+//   beta); out: g [nv][n] f32, w [nv][n][128] f32, u [nv][n][128] f32, p [nv][n][64] f32 (row t
+//   of a chunk: P[t][s] for the chunk's s, 0 past t).
 // Grid (ceil(n / 64), nv), block 256, dynamic shared memory HB_WY_SMEM (over 48 KiB: opt in).
 // Assumes dk == dv == 128, nv % nk == 0, cdim % 4 == 0, 16-byte aligned buffers.
 extern "C" __global__ void __launch_bounds__(256, 2) hy_gdn_wy(const float* cq, const float* gb, float* g, float* w,
@@ -195,8 +186,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) hy_gdn_wy(const float* cq, 
         const int x = tid + 256 * m, t = x >> 5, i = (x & 31) * 4;
         const size_t row = (size_t)(c0 + t) * cdim + i;
         if (t < cn) {
-            hb_cp16(ks + t * HB_LDK + i, kb + row);
-            hb_cp16(qs + t * HB_LDK + i, qb + row);
+            cp_async16(ks + t * HB_LDK + i, kb + row);
+            cp_async16(qs + t * HB_LDK + i, qb + row);
             vr[m] = *(const float4*)(vb + row);
         } else {
             *(float4*)(ks + t * HB_LDK + i) = z4;
@@ -204,9 +195,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) hy_gdn_wy(const float* cq, 
             vr[m] = z4;
         }
     }
-    hb_commit();
+    cp_async_commit();
     hb_gates(gb, c0, cn, nv, h, gg, bb);
-    hb_wait0();
+    cp_async_wait<0>();
     __syncthreads();
     float* pr = p + ((size_t)h * n + c0) * HB_C;
 #pragma unroll
@@ -265,11 +256,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) hy_gdn_wy(const float* cq, 
                 u32 ah[4], al[4];
                 hb_lda(aa + r0 * HB_LDC + k0, HB_LDC, 1, ah, al);
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    u32 bh[2], bl[2];
-                    hb_ldb(xc + k0 * HB_LDR + 8 * j, HB_LDR, 1, bh, bl);
-                    hb_mma3(acc[j], ah, al, bh, bl);
-                }
+                for (int j = 0; j < 4; ++j) hb_mma3(acc[j], ah, al, xc + k0 * HB_LDR + 8 * j, HB_LDR, 1);
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j)
@@ -321,8 +308,8 @@ __device__ __forceinline__ void hb_fetch_wq(const float* qr, const float* wr, co
         const int x = threadIdx.x + 32 * HB_CW * m;
         const int t = x >> 5, i = (x & 31) * 4;
         if (t < cn) {
-            hb_cp16(ws + t * HB_LDK + i, wr + (size_t)t * HB_D + i);
-            hb_cp16(qs + t * HB_LDK + i, qr + (size_t)t * cdim + i);
+            cp_async16(ws + t * HB_LDK + i, wr + (size_t)t * HB_D + i);
+            cp_async16(qs + t * HB_LDK + i, qr + (size_t)t * cdim + i);
         } else {
             *(float4*)(ws + t * HB_LDK + i) = z4;
             *(float4*)(qs + t * HB_LDK + i) = z4;
@@ -333,7 +320,7 @@ __device__ __forceinline__ void hb_fetch_wq(const float* qr, const float* wr, co
         const int x = threadIdx.x + 32 * HB_CW * m;
         const int t = x / (HB_JW / 4), j = (x % (HB_JW / 4)) * 4;
         if (t < cn)
-            hb_cp16(us + t * HB_LDU + j, ur + (size_t)t * HB_D + j);
+            cp_async16(us + t * HB_LDU + j, ur + (size_t)t * HB_D + j);
         else
             *(float4*)(us + t * HB_LDU + j) = z4;
     }
@@ -354,7 +341,7 @@ __device__ __forceinline__ void hb_fetch_kp(const float* kr, const float* pr, in
         const int x = threadIdx.x + 32 * HB_CW * m;
         const int t = x >> 5, i = (x & 31) * 4;
         if (t < cn)
-            hb_cp16(kt + t * HB_LDB + i, kr + (size_t)t * cdim + i);
+            cp_async16(kt + t * HB_LDB + i, kr + (size_t)t * cdim + i);
         else
             *(float4*)(kt + t * HB_LDB + i) = z4;
     }
@@ -364,7 +351,7 @@ __device__ __forceinline__ void hb_fetch_kp(const float* kr, const float* pr, in
         const int t = x >> 4, s = (x & 15) * 4;
         if (s >= (t & ~7) + 8) continue;
         if (t < cn)
-            hb_cp16(pp + t * HB_LDC + s, pr + (size_t)t * HB_C + s);
+            cp_async16(pp + t * HB_LDC + s, pr + (size_t)t * HB_C + s);
         else
             *(float4*)(pp + t * HB_LDC + s) = z4;
     }
@@ -414,9 +401,9 @@ extern "C" __global__ void __launch_bounds__(32 * HB_CW, 1)
     const float* uh = u + (size_t)h * n * HB_D + j0;
     const float* ph = p + (size_t)h * n * HB_C;
     hb_fetch_wq(qb, wh, uh, gh, min(HB_C, n), cdim, ws, qs, us, gs);
-    hb_commit();
+    cp_async_commit();
     hb_fetch_kp(kb, ph, min(HB_C, n), cdim, kt, pp);
-    hb_commit();
+    cp_async_commit();
     __syncthreads();
     // the warp's accumulators: sr[nt] is the tile (rows j = 16 mt, columns i = HB_IW qw + 8 nt)
     float sr[HB_IW / 8][4];
@@ -428,7 +415,7 @@ extern "C" __global__ void __launch_bounds__(32 * HB_CW, 1)
     for (int c0 = 0, it = 0; c0 < n; c0 += HB_C, ++it) {
         const int cn = min(HB_C, n - c0);
         const float* gc = gs + (it & 1) * HB_C;
-        hb_wait1();  // this chunk's W, q, U, G
+        cp_async_wait<1>();  // this chunk's W, q, U, G
         __syncthreads();
         const float gl = gc[cn - 1];
         float xa[HB_TW / 8][4], ya[HB_TW / 8][4];
@@ -442,12 +429,9 @@ extern "C" __global__ void __launch_bounds__(32 * HB_CW, 1)
             hb_lda(ss + k0 * HB_LDJ + 16 * mt, 1, HB_LDJ, ah, al);
 #pragma unroll
             for (int e = 0; e < HB_TW / 8; ++e) {
-                u32 bh[2], bl[2];
                 const int t0 = HB_TW * qw + 8 * e;
-                hb_ldb(ws + t0 * HB_LDK + k0, 1, HB_LDK, bh, bl);
-                hb_mma3(xa[e], ah, al, bh, bl);
-                hb_ldb(qs + t0 * HB_LDK + k0, 1, HB_LDK, bh, bl);
-                hb_mma3(ya[e], ah, al, bh, bl);
+                hb_mma3(xa[e], ah, al, ws + t0 * HB_LDK + k0, 1, HB_LDK);
+                hb_mma3(ya[e], ah, al, qs + t0 * HB_LDK + k0, 1, HB_LDK);
             }
         }
 #pragma unroll
@@ -466,17 +450,16 @@ extern "C" __global__ void __launch_bounds__(32 * HB_CW, 1)
             hb_fetch_wq(qb + (size_t)c1 * cdim, wh + (size_t)c1 * HB_D, uh + (size_t)c1 * HB_D, gh + c1,
                         min(HB_C, n - c1), cdim, ws, qs, us, gs + ((it + 1) & 1) * HB_C);
         }
-        hb_commit();
-        hb_wait1();  // this chunk's k, P
+        cp_async_commit();
+        cp_async_wait<1>();  // this chunk's k, P
         __syncthreads();
 #pragma unroll
         for (int e = 0; e < HB_TW / 8; ++e) {
             const int t0 = HB_TW * qw + 8 * e;
             for (int k0 = 0; k0 <= t0; k0 += 8) {
-                u32 ah[4], al[4], bh[2], bl[2];
+                u32 ah[4], al[4];
                 hb_lda(dd + k0 * HB_LDJ + 16 * mt, 1, HB_LDJ, ah, al);
-                hb_ldb(pp + t0 * HB_LDC + k0, 1, HB_LDC, bh, bl);
-                hb_mma3(ya[e], ah, al, bh, bl);
+                hb_mma3(ya[e], ah, al, pp + t0 * HB_LDC + k0, 1, HB_LDC);
             }
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
@@ -494,11 +477,8 @@ extern "C" __global__ void __launch_bounds__(32 * HB_CW, 1)
             u32 ah[4], al[4];
             hb_lda(de + k0 * HB_LDJ + 16 * mt, 1, HB_LDJ, ah, al);
 #pragma unroll
-            for (int nt = 0; nt < HB_IW / 8; ++nt) {
-                u32 bh[2], bl[2];
-                hb_ldb(kt + k0 * HB_LDB + HB_IW * qw + 8 * nt, HB_LDB, 1, bh, bl);
-                hb_mma3(sr[nt], ah, al, bh, bl);
-            }
+            for (int nt = 0; nt < HB_IW / 8; ++nt)
+                hb_mma3(sr[nt], ah, al, kt + k0 * HB_LDB + HB_IW * qw + 8 * nt, HB_LDB, 1);
         }
 #pragma unroll
         for (int nt = 0; nt < HB_IW / 8; ++nt)
@@ -510,12 +490,10 @@ extern "C" __global__ void __launch_bounds__(32 * HB_CW, 1)
             const int c1 = c0 + HB_C;
             hb_fetch_kp(kb + (size_t)c1 * cdim, ph + (size_t)c1 * HB_C, min(HB_C, n - c1), cdim, kt, pp);
         }
-        hb_commit();
+        cp_async_commit();
     }
     for (int x = tid; x < HB_D * HB_JW / 4; x += 32 * HB_CW) {
         const int i = x / (HB_JW / 4), j = (x % (HB_JW / 4)) * 4;
         *(float4*)(sg + (size_t)i * HB_D + j) = *(const float4*)(ss + i * HB_LDJ + j);
     }
 }
-
-#include "hyb_flash.cuh"

@@ -17,14 +17,33 @@
 // Planes: x [n][stride] f32 as three bf16 planes p0, p1, p2 (put3: hi = bf16(x), mid =
 // bf16(x - hi), lo = bf16(x - hi - mid)); hi + mid + lo == x except below bf16's normal range.
 
+// A row's rung of code c: exp2(lo + c * step), with no contraction (lo + c * step rounded as the
+// host's float32 arithmetic rounds it).
+__device__ __forceinline__ float hy_rung(float lo, float st, int c) {
+    return exp2f(__fadd_rn(lo, __fmul_rn((float)c, st)));
+}
+
+// Row r's ladder (lo, step) from lad [rows][2]; a row past the matrix gets (-inf, 0): rung 0.
+__device__ __forceinline__ void hy_lad(const float* lad, int r, int rows, float& lo, float& st) {
+    lo = r < rows ? lad[2 * r] : -__int_as_float(0x7f800000);
+    st = r < rows ? lad[2 * r + 1] : 0.0f;
+}
+
+// One f32 as its three plane values (hi, mid, lo above).
+__device__ __forceinline__ void hy_split3(float y, bf16& hi, bf16& mid, bf16& lo) {
+    hi = f32_to_bf16(y);
+    const float r = y - bf16_to_f32(hi);
+    mid = f32_to_bf16(r);
+    lo = f32_to_bf16(r - bf16_to_f32(mid));
+}
+
 // One f32 into the three planes at element i.
 __device__ __forceinline__ void put3(bf16* p0, bf16* p1, bf16* p2, size_t i, float y) {
-    const bf16 hi = f32_to_bf16(y);
-    const float r = y - bf16_to_f32(hi);
-    const bf16 mid = f32_to_bf16(r);
+    bf16 hi, mid, lo;
+    hy_split3(y, hi, mid, lo);
     p0[i] = hi;
     p1[i] = mid;
-    p2[i] = f32_to_bf16(r - bf16_to_f32(mid));
+    p2[i] = lo;
 }
 
 // One matrix of an hy_mmp launch (the reference's `struct HyJob`, 56 bytes).
@@ -173,12 +192,7 @@ extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf
     for (int e = 0; e < 4; e += 2) {
         bf16 hb[2], mb[2], lb[2];
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            hb[k] = f32_to_bf16(yv[e + k]);
-            const float rr = yv[e + k] - bf16_to_f32(hb[k]);
-            mb[k] = f32_to_bf16(rr);
-            lb[k] = f32_to_bf16(rr - bf16_to_f32(mb[k]));
-        }
+        for (int k = 0; k < 2; ++k) hy_split3(yv[e + k], hb[k], mb[k], lb[k]);
         h[e >> 1] = hb[0] | ((u32)hb[1] << 16);
         m[e >> 1] = mb[0] | ((u32)mb[1] << 16);
         l[e >> 1] = lb[0] | ((u32)lb[1] << 16);

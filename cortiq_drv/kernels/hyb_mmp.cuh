@@ -2,15 +2,6 @@
 // tiles) and the entry points hy_mmp_{NT}_{TB}_{KS}, which choose it or hy_mmp_run
 // (hyb_mmp_core.cuh) by the launch's shape; both give the same sums in the same order.
 
-// ldmatrix.x4 of the 16-byte rows whose shared addresses the lanes give (lane 8 i + r: row r of
-// matrix i); register i gets matrix i's row lane >> 2, elements 2 (lane & 3) and the next.
-__device__ __forceinline__ void hy_ldsm4(u32* b, u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                 : "r"(addr)
-                 : "memory");
-}
-
 // Tiles of a wide item (KS / HY_WT warps share a tile: 1 or 2) and groups of a wide stage (see
 // hy_mmp_wide).
 #define HY_WT 8
@@ -20,16 +11,14 @@ __device__ __forceinline__ void hy_ldsm4(u32* b, u32 addr) {
 #ifndef HY_WIDE_MIN
 #define HY_WIDE_MIN 16
 #endif
+// Items of a job of `rows` rows at `per` tiles an item: ceil(ceil(rows / 16) / per).
+__device__ __forceinline__ int hy_job_items(int rows, int per) { return (((rows + 15) >> 4) + per - 1) / per; }
+
 // Wide items of a job table (HY_WT tiles each, never across jobs).
 __device__ __forceinline__ int hy_wide_items(const HyJob* jobs, int nj) {
     int s = 0;
-    for (int j = 0; j < nj; ++j) s += (((jobs[j].rows + 15) >> 4) + HY_WT - 1) / HY_WT;
+    for (int j = 0; j < nj; ++j) s += hy_job_items(jobs[j].rows, HY_WT);
     return s;
-}
-
-// A row's rung of code c, as hy_mmp_run's lad_store makes it (rows past the matrix: 0).
-__device__ __forceinline__ float hy_rung(float lo, float st, u32 c) {
-    return exp2f(__fadd_rn(lo, __fmul_rn((float)(int)c, st)));
 }
 
 // hy_mmp's multi-row work (NTC >= 2 n-tiles), the same arithmetic as hy_mmp_run per output:
@@ -89,7 +78,7 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
         ji = 0;
         int base = 0;
         for (;;) {
-            const int ni = (((jobs[ji].rows + 15) >> 4) + T - 1) / T;
+            const int ni = hy_job_items(jobs[ji].rows, T);
             if (b < base + ni || ji + 1 >= nj) break;
             base += ni;
             ++ji;
@@ -135,18 +124,18 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
             const u32 pk = cpk[it], dst = pk & 0xFFFFu;
             const bool ok = (pk >> 31) && i * G + (int)((pk >> 16) & 0xFFu) < gpr;
             const u32 step = dst < (u32)WB ? G * 256 : (dst < (u32)(WB + CB) ? G * 16 : G * 64);
-            hy_cp16_if(ok, slot + dst, csrc[it] + (size_t)i * step);
+            cp_async16_if(ok, slot + dst, csrc[it] + (size_t)i * step);
         }
-        hy_cp_commit();
+        cp_async_commit();
     };
     // the item's rung table (LT), entry k = (tile, row, code): lad_store's
     auto lad_fill = [&]() {
         const float* ls = (const float*)jobs[ji].aux1;
         for (int k = tid; k < T * 512; k += TH) {
             const int r = (tile0 + (k >> 9)) * 16 + ((k >> 5) & 15), c = k & 31;
-            const float lo = r < rows ? ls[2 * r] : -__int_as_float(0x7f800000);
-            const float st = r < rows ? ls[2 * r + 1] : 0.0f;
-            lad[(k >> 9) * 528 + ((k >> 5) & 15) * 33 + c] = exp2f(__fadd_rn(lo, __fmul_rn((float)c, st)));
+            float lo, st;
+            hy_lad(ls, r, rows, lo, st);
+            lad[(k >> 9) * 528 + ((k >> 5) & 15) * 33 + c] = hy_rung(lo, st, c);
         }
     };
     const float* lrow = lad + tw * 528 + gid * 33;
@@ -181,7 +170,7 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
         for (int i = 0; i < nst; ++i) {
             // stage i landed for every thread, and every warp is past stage i - 1 (whose slot
             // the issue refills)
-            hy_cp_wait<S - 2>();
+            cp_async_wait<S - 2>();
             __syncthreads();
             issue(i + S - 1);
             const int k = i % S;
@@ -203,7 +192,7 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
                 for (int j = 0; j < JA; ++j) {
                     if (C > 1 && j0 + j >= NTC) break;
                     u32 b[4];
-                    hy_ldsm4(b, slot + WB + CB + (u32)((g2 * NTC + j0 + j) * 512) + ldoff);
+                    ldsm4(b, slot + WB + CB + (u32)((g2 * NTC + j0 + j) * 512) + ldoff);
                     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     hy_mma(s, a[0], a[1], a[2], a[3], b[0], b[1]);
                     hy_mma(s, a[4], a[5], a[6], a[7], b[2], b[3]);
@@ -216,7 +205,7 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
         }
         while (c < KS) fold();
         // out complete (every warp's folds), and every copy landed before the next item's refill
-        hy_cp_wait<0>();
+        cp_async_wait<0>();
         __syncthreads();
         hy_epilogue<NC, T, KS>(jobs[ji], tile0, nvt, out_s, n);
         // out and the rungs read before the next item's folds and table overwrite them
@@ -232,7 +221,7 @@ __device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring) {
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if (dyn < (u32)ring) asm volatile("trap;");
     const HyJob& last = jobs[nj - 1];
-    return last.blk0 + (((last.rows + 15) >> 4) + TB - 1) / TB;
+    return last.blk0 + hy_job_items(last.rows, TB);
 }
 
 // hy_mmp_{NT}_{TB}_{KS}: every job's y [n][ystride] = W x for the n rows given as planes.
@@ -253,11 +242,11 @@ __device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring) {
 //   [w gpr / KS, (w + 1) gpr / KS) of the item's tiles and streams them through its own ring of
 //   HY_STAGES stages (cp.async), a stage being four (tile, group) units of 256 weight bytes + 16
 //   code bytes: both tiles of two groups (TB 2) or four groups of the tile (TB 1); each group's B
-//   fragments are loaded (__ldg) while the group before it computes (up to 3 n-tiles). The next item's first stages and ladders are
-//   fetched while this one's sums are reduced. Calls of 3 rows or more over at least HY_WIDE_MIN
-//   items of HY_WT tiles (and half the grid), planes 16-byte aligned with xs % 8 == 0, run
-//   hy_mmp_wide instead: the same sums in the same order (so the same bits), the B fragments
-//   staged once a block.
+//   fragments are loaded (__ldg) while the group before it computes (up to 3 n-tiles). The next
+//   item's first stages and ladders are fetched while this one's sums are reduced. Calls of 3
+//   rows or more over at least HY_WIDE_MIN items of HY_WT tiles (and half the grid), planes
+//   16-byte aligned with xs % 8 == 0, run hy_mmp_wide instead: the same sums in the same order
+//   (so the same bits), the B fragments staged once a block.
 //   Launch: block 32 * KS threads, dynamic shared memory KS * HY_STAGES * HY_STAGE bytes (traps
 //   when given less). Assumes n <= 8 NT, cols % 32 == 0, xs even, 4-byte aligned planes, 16-byte
 //   aligned tiles and codes (mat_planes aligns them to 256).

@@ -28,20 +28,6 @@ __device__ __forceinline__ void hy_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3,
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// 16 bytes global -> shared without registers (cp.async, L1 bypassed), and its group fences.
-__device__ __forceinline__ void hy_cp16(u32 dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void hy_cp16_if(bool p, u32 dst, const void* src) {
-    asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q cp.async.cg.shared.global [%0], [%1], 16; }" ::"r"(dst),
-                 "l"(src), "r"((int)p)
-                 : "memory");
-}
-__device__ __forceinline__ void hy_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void hy_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 // The line holding p into L1 (no register, no wait): a later load of it hits there.
 __device__ __forceinline__ void hy_pf_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
@@ -168,10 +154,10 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             okc = lane < 4 && 4 * i + lane < ng;
         }
         const unsigned char* src = wl + (size_t)i * (GS * 256);
-        hy_cp16_if(ok0, slot + lane * 16, src);
-        hy_cp16_if(ok1, slot + 512 + lane * 16, src + (TB == 2 ? 256 : 512));
-        hy_cp16_if(okc, slot + 1024 + (lane & 3) * 16, cl + (size_t)i * (GS * 16));
-        hy_cp_commit();
+        cp_async16_if(ok0, slot + lane * 16, src);
+        cp_async16_if(ok1, slot + 512 + lane * 16, src + (TB == 2 ? 256 : 512));
+        cp_async16_if(okc, slot + 1024 + (lane & 3) * 16, cl + (size_t)i * (GS * 16));
+        cp_async_commit();
     };
     // the residual an epilogue thread adds first (hy_epilogue's k = tid), to L1 with the item's
     // first stages
@@ -189,16 +175,14 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
 #pragma unroll
         for (int e = 0; e < LE; ++e) {
             const int k = tid + e * KS * 32, r = (k >> 9) * 16 + ((k >> 5) & 15);
-            const bool ok = r < rleft;
-            lo_r[e] = ok ? lsrc[2 * r] : -__int_as_float(0x7f800000);
-            st_r[e] = ok ? lsrc[2 * r + 1] : 0.0f;
+            hy_lad(lsrc, r, rleft, lo_r[e], st_r[e]);
         }
     };
     auto lad_store = [&]() {
 #pragma unroll
         for (int e = 0; e < LE; ++e) {
             const int k = tid + e * KS * 32, c = k & 31;
-            sm.lad[k >> 9][(k >> 5) & 15][c] = exp2f(__fadd_rn(lo_r[e], __fmul_rn((float)c, st_r[e])));
+            sm.lad[k >> 9][(k >> 5) & 15][c] = hy_rung(lo_r[e], st_r[e], c);
         }
     };
     // B fragments of group gr in bb[gr & 1] (GS is even, so the parity is gu's); an item's
@@ -221,7 +205,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         for (int i = 0; i < nst; ++i) {
             // this lane's copies of stage i done, then every lane's (and every lane is past
             // stage i - 1, whose slot the next issue refills)
-            hy_cp_wait<S - 2>();
+            cp_async_wait<S - 2>();
             __syncwarp();
             issue(i + S - 1);
             const unsigned char* st = ringp + (i & (S - 1)) * STAGE;
