@@ -144,8 +144,6 @@ class Rotated:
         ctx.sync()
 
     def close(self):
-        for s in self.sets:
-            s.close()
         for c in self.copies:
             c.close()
         self.y.close()

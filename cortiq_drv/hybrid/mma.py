@@ -239,11 +239,6 @@ class MmaSet:
         grid = min(self.blocks[tb - 1], fx.grid_cap[nt][tb - 1][ki])
         ctx.launch(fx.mmp[nt][tb - 1][ki], (grid, 1), 32 * ks, fx.ring[nt][ki], args)
 
-    def close(self) -> None:
-        """Nothing on the card to free (the job tables travel in the launches' parameters); kept
-        so that owners close every set alike."""
-        self._args.clear()
-
 
 def mmaset(ctx, list_) -> MmaSet:
     """Plain / residual jobs (`mmaset`): `list_` of JobSpec."""
@@ -285,17 +280,14 @@ def rows_matvec(ctx, fx, m, x: np.ndarray) -> np.ndarray:
     xin, yout, p0, p1, p2 = bufs
     try:
         ms = mmaset(ctx, [JobSpec(m, yout.ptr, 0, rows, rows)])
-        try:
-            planes = Planes(p0.ptr, p1.ptr, p2.ptr, cols)
-            for r0 in range(0, n, NMAX):
-                k = min(NMAX, n - r0)
-                xin.upload(x[r0:r0 + k])
-                split(ctx, fx, planes, xin, cols, cols, k)
-                ms.run(ctx, fx, planes, cols, k)
-                yout.download_async(y[r0:r0 + k])
-                ctx.sync()
-        finally:
-            ms.close()
+        planes = Planes(p0.ptr, p1.ptr, p2.ptr, cols)
+        for r0 in range(0, n, NMAX):
+            k = min(NMAX, n - r0)
+            xin.upload(x[r0:r0 + k])
+            split(ctx, fx, planes, xin, cols, cols, k)
+            ms.run(ctx, fx, planes, cols, k)
+            yout.download_async(y[r0:r0 + k])
+            ctx.sync()
     finally:
         for b in bufs:
             b.close()

@@ -177,11 +177,8 @@ class HPlan:
         return Planes(r.qq0.ptr, r.qq1.ptr, r.qq1.ptr, self.geom.pstride)
 
     def close(self) -> None:
-        """Free the plan's own buffers and job tables (the matrices stay in the store)."""
-        sets = [s for l in self.layers for s in (l.ms_gu, l.ms_dn, l.mix.ms_in, l.mix.ms_out)]
-        sets += [self.lm[2]] if self.lm else []
-        for s in sets:
-            s.close()
+        """Free the plan's own buffers (the matrices stay in the store; the sets' job tables
+        travel in their launches' parameters)."""
         for l in self.layers:
             if isinstance(l.mix, GdnL):
                 l.mix.a_h.close()

@@ -133,24 +133,21 @@ def test_mmp_matches_decode(ctx, fx, store, bufs, cols, var):
     rb = Buf.from_array(ctx, res)
     bufs += [ya, yb, rb]
     ms = mma.mmaset(ctx, [mma.JobSpec(ma, ya.ptr, 0, 48, 40), mma.JobSpec(mb, yb.ptr, rb.ptr, 20, 17)])
-    try:
-        worst = 0.0
-        for n in range(1, mma.rows_cap(var[0]) + 1):
-            x = rng.standard_normal((n, cols)).astype(np.float32)
-            p = planes(ctx, x, bufs)
-            ya.memset(0xFF)
-            yb.memset(0xFF)
-            ms.launch(ctx, fx, p, n, *var)
-            ga = ya.to_host(np.float32, (16, 48))[:n, :40]
-            gb = yb.to_host(np.float32, (16, 20))[:n, :17]
-            ref_a = x.astype(np.float64) @ wa.T
-            ref_b = res[:n, :17].astype(np.float64) + x.astype(np.float64) @ wb.T
-            worst = max(worst, rel_rms(ga, ref_a), rel_rms(gb, ref_b))
-            # the padding of the outputs' rows is not written
-            assert np.isnan(ya.to_host(np.float32, (16, 48))[:n, 40:]).all()
-        assert worst <= 2e-6, f"hy_mmp_{var}: relative RMS {worst:.3g}"
-    finally:
-        ms.close()
+    worst = 0.0
+    for n in range(1, mma.rows_cap(var[0]) + 1):
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        p = planes(ctx, x, bufs)
+        ya.memset(0xFF)
+        yb.memset(0xFF)
+        ms.launch(ctx, fx, p, n, *var)
+        ga = ya.to_host(np.float32, (16, 48))[:n, :40]
+        gb = yb.to_host(np.float32, (16, 20))[:n, :17]
+        ref_a = x.astype(np.float64) @ wa.T
+        ref_b = res[:n, :17].astype(np.float64) + x.astype(np.float64) @ wb.T
+        worst = max(worst, rel_rms(ga, ref_a), rel_rms(gb, ref_b))
+        # the padding of the outputs' rows is not written
+        assert np.isnan(ya.to_host(np.float32, (16, 48))[:n, 40:]).all()
+    assert worst <= 2e-6, f"hy_mmp_{var}: relative RMS {worst:.3g}"
 
 
 @pytest.mark.parametrize("var", VARIANTS, ids=lambda v: "%d_%d_%d" % v)
@@ -163,14 +160,11 @@ def test_residual_in_place(ctx, fx, store, bufs, var):
     hb = Buf.from_array(ctx, h)
     bufs.append(hb)
     ms = mma.mmaset(ctx, [mma.JobSpec(ma, hb.ptr, hb.ptr, 40, 40)])
-    try:
-        x = rng.standard_normal((n, cols)).astype(np.float32)
-        ms.launch(ctx, fx, planes(ctx, x, bufs), n, *var)
-        got = hb.to_host(np.float32, (n, 40))
-        err = rel_rms(got, h.astype(np.float64) + x.astype(np.float64) @ wa.T)
-        assert err <= 2e-6, f"residual in place: relative RMS {err:.3g}"
-    finally:
-        ms.close()
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    ms.launch(ctx, fx, planes(ctx, x, bufs), n, *var)
+    got = hb.to_host(np.float32, (n, 40))
+    err = rel_rms(got, h.astype(np.float64) + x.astype(np.float64) @ wa.T)
+    assert err <= 2e-6, f"residual in place: relative RMS {err:.3g}"
 
 
 @pytest.mark.parametrize("var", VARIANTS, ids=lambda v: "%d_%d_%d" % v)
@@ -184,18 +178,15 @@ def test_pair_epilogue(ctx, fx, store, bufs, var):
     p0, p1 = Buf.new(ctx, 16 * stride * 2), Buf.new(ctx, 16 * stride * 2)
     bufs += [p0, p1]
     ms = mma.mmaset_pair(ctx, m, p0, p1, stride)
-    try:
-        worst = 0.0
-        for n in range(1, mma.rows_cap(var[0]) + 1):
-            x = rng.standard_normal((n, cols)).astype(np.float32)
-            ms.launch(ctx, fx, planes(ctx, x, bufs), n, *var)
-            hi = f16.from_bf16(p0.to_host(np.uint16, (16, stride))[:n, :inter]).astype(np.float64)
-            lo = f16.from_bf16(p1.to_host(np.uint16, (16, stride))[:n, :inter]).astype(np.float64)
-            a, b = x.astype(np.float64) @ wg.T, x.astype(np.float64) @ wu.T
-            worst = max(worst, rel_rms(hi + 2 * lo, a / (1 + np.exp(-a)) * b))
-        assert worst <= 2e-5, f"pair {var}: relative RMS {worst:.3g}"
-    finally:
-        ms.close()
+    worst = 0.0
+    for n in range(1, mma.rows_cap(var[0]) + 1):
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        ms.launch(ctx, fx, planes(ctx, x, bufs), n, *var)
+        hi = f16.from_bf16(p0.to_host(np.uint16, (16, stride))[:n, :inter]).astype(np.float64)
+        lo = f16.from_bf16(p1.to_host(np.uint16, (16, stride))[:n, :inter]).astype(np.float64)
+        a, b = x.astype(np.float64) @ wg.T, x.astype(np.float64) @ wu.T
+        worst = max(worst, rel_rms(hi + 2 * lo, a / (1 + np.exp(-a)) * b))
+    assert worst <= 2e-5, f"pair {var}: relative RMS {worst:.3g}"
 
 
 @pytest.mark.parametrize("ks", [8, 16])
@@ -207,20 +198,17 @@ def test_rows_bit_for_bit_in_any_call(ctx, fx, store, bufs, ks, cols):
     y = Buf.new(ctx, 16 * 40 * 4)
     bufs.append(y)
     ms = mma.mmaset(ctx, [mma.JobSpec(ma, y.ptr, 0, 40, 40)])
-    try:
-        x = rng.standard_normal((16, cols)).astype(np.float32)
-        one = np.stack([launch(ctx, fx, ms, planes(ctx, x[i:i + 1], bufs), 1, (1, 1, ks), y)[:40]
-                        for i in range(16)])
-        for nt, tb in [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)]:
-            for n in [1, 2, 3, 5, 8, 9, 13, 16]:
-                if n > mma.rows_cap(nt):
-                    continue
-                got = launch(ctx, fx, ms, planes(ctx, x[:n], bufs), n, (nt, tb, ks), y).reshape(16, 40)
-                assert got[:n].tobytes() == one[:n].tobytes(), f"{nt}_{tb}_{ks} n={n}"
-                rev = launch(ctx, fx, ms, planes(ctx, x[:n][::-1].copy(), bufs), n, (nt, tb, ks), y)
-                assert rev.reshape(16, 40)[:n][::-1].tobytes() == one[:n].tobytes(), f"reversed n={n}"
-    finally:
-        ms.close()
+    x = rng.standard_normal((16, cols)).astype(np.float32)
+    one = np.stack([launch(ctx, fx, ms, planes(ctx, x[i:i + 1], bufs), 1, (1, 1, ks), y)[:40]
+                    for i in range(16)])
+    for nt, tb in [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)]:
+        for n in [1, 2, 3, 5, 8, 9, 13, 16]:
+            if n > mma.rows_cap(nt):
+                continue
+            got = launch(ctx, fx, ms, planes(ctx, x[:n], bufs), n, (nt, tb, ks), y).reshape(16, 40)
+            assert got[:n].tobytes() == one[:n].tobytes(), f"{nt}_{tb}_{ks} n={n}"
+            rev = launch(ctx, fx, ms, planes(ctx, x[:n][::-1].copy(), bufs), n, (nt, tb, ks), y)
+            assert rev.reshape(16, 40)[:n][::-1].tobytes() == one[:n].tobytes(), f"reversed n={n}"
 
 
 def test_graph_replay_equals_direct(ctx, fx, store, bufs):
@@ -230,17 +218,14 @@ def test_graph_replay_equals_direct(ctx, fx, store, bufs):
     bufs.append(y)
     ms = mma.mmaset(ctx, [mma.JobSpec(ma, y.ptr, 0, 40, 40)])
     p = planes(ctx, rng.standard_normal((5, 1056)).astype(np.float32), bufs)
+    direct = launch(ctx, fx, ms, p, 5, ms.variant(5), y)
+    y.memset(0xFF)
+    g = capture(ctx, lambda: ms.run(ctx, fx, p, 1056, 5))
     try:
-        direct = launch(ctx, fx, ms, p, 5, ms.variant(5), y)
-        y.memset(0xFF)
-        g = capture(ctx, lambda: ms.run(ctx, fx, p, 1056, 5))
-        try:
-            g.launch()
-            assert y.to_host(np.float32).tobytes() == direct.tobytes()
-        finally:
-            g.close()
+        g.launch()
+        assert y.to_host(np.float32).tobytes() == direct.tobytes()
     finally:
-        ms.close()
+        g.close()
 
 
 def test_rows_matvec(ctx, fx, store):
@@ -325,11 +310,8 @@ def test_arena_holds_a_plans_matrices(ctx, fx, store, bufs):
     y = Buf.new(ctx, 16 * 64 * 4)
     bufs.append(y)
     ms = mma.mmaset(ctx, [mma.JobSpec(mats[2], y.ptr, 0, 64, 64)])
-    try:
-        x = rng.standard_normal((3, cols)).astype(np.float32)
-        ms.run(ctx, fx, planes(ctx, x, bufs), cols, 3)
-        got = y.to_host(np.float32, (16, 64))[:3]
-        ref = x.astype(np.float64) @ q4tp.decode(pays["o"], 64, cols).astype(np.float64).T
-        assert rel_rms(got, ref) <= 2e-6
-    finally:
-        ms.close()
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    ms.run(ctx, fx, planes(ctx, x, bufs), cols, 3)
+    got = y.to_host(np.float32, (16, 64))[:3]
+    ref = x.astype(np.float64) @ q4tp.decode(pays["o"], 64, cols).astype(np.float64).T
+    assert rel_rms(got, ref) <= 2e-6

@@ -225,7 +225,6 @@ class FakeSet:
     def __init__(self, jobs, kind):
         self.jobs, self.kind = list(jobs), kind
         self.cols = self.jobs[0].mat.cols
-        self.closed = False
 
     def run(self, ctx, fx, p, cols, n):
         from cortiq_drv.cu.args import kargs
@@ -233,9 +232,6 @@ class FakeSet:
         assert cols == self.cols and 1 <= n <= 16
         ctx.launch(FakeFunc("hy_mmp"), (1, 1), 256, 0, kargs("QiQQQiii", 0, len(self.jobs), p.p0, p.p1, p.p2,
                                                              p.stride, n, cols))
-
-    def close(self):
-        self.closed = True
 
 
 class FakeGraph:
