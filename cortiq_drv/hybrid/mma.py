@@ -62,7 +62,7 @@ def blocks_per_sm(ctx, f, threads: int, dyn_smem: int) -> int:
 class MmaFuncs:
     """The weight-side kernels of one loaded hyb.cu module: `mmp[NT][TB - 1][KS == 16]` (NT 0:
     `hy_mmv_{TB}_{KS}`, the one- and two-row entries; 1, 2: `hy_mmp_{NT}_{TB}_{KS}`), `split`,
-    `rmsnorm2`, `repack` (the matching fields of the reference's `HFuncs`), `ring[NT][KS == 16]`,
+    `rmsnorm2`, `repack` (the matching fields of the reference's `HFuncs`), `mmp_smem[NT][KS == 16]`,
     each variant's dynamic shared memory (hy_mmv's rings `mv_stages` deep: the module's
     HY_MV_STAGES), and `grid_cap`, the blocks each variant keeps resident on the whole card (its
     grid walks the work items, so a launch never needs more)."""
@@ -70,14 +70,14 @@ class MmaFuncs:
     def __init__(self, ctx, module, mv_stages: int = MV_STAGES):
         names = lambda nt, tb, ks: f"hy_mmv_{tb}_{ks}" if nt == 0 else f"hy_mmp_{nt}_{tb}_{ks}"
         self.mmp = [[[module.func(names(nt, tb, ks)) for ks in (8, 16)] for tb in (1, 2)] for nt in (0, 1, 2)]
-        self.ring = [[ring_bytes(ks, mv_stages if nt == 0 else RING_STAGES) for ks in (8, 16)] for nt in (0, 1, 2)]
+        self.mmp_smem = [[ring_bytes(ks, mv_stages if nt == 0 else RING_STAGES) for ks in (8, 16)] for nt in (0, 1, 2)]
         self.grid_cap = [[[0, 0], [0, 0]] for _ in range(3)]
         for nt in (0, 1, 2):
             for tb in (1, 2):
                 for ki, ks in enumerate((8, 16)):
-                    f, ring = self.mmp[nt][tb - 1][ki], self.ring[nt][ki]
-                    f.allow_smem(ring)
-                    self.grid_cap[nt][tb - 1][ki] = blocks_per_sm(ctx, f, 32 * ks, ring) * ctx.sm_count
+                    f, smem = self.mmp[nt][tb - 1][ki], self.mmp_smem[nt][ki]
+                    f.allow_smem(smem)
+                    self.grid_cap[nt][tb - 1][ki] = blocks_per_sm(ctx, f, 32 * ks, smem) * ctx.sm_count
         self.split = module.func("hy_split")
         self.rmsnorm2 = module.func("hy_rmsnorm2")
         self.repack = module.func("hy_repack")
@@ -237,7 +237,7 @@ class MmaSet:
             args = self._args[key] = JobArgs(self.jobs[tb - 1], p, n, self.cols)
         ki = int(ks == 16)
         grid = min(self.blocks[tb - 1], fx.grid_cap[nt][tb - 1][ki])
-        ctx.launch(fx.mmp[nt][tb - 1][ki], (grid, 1), 32 * ks, fx.ring[nt][ki], args)
+        ctx.launch(fx.mmp[nt][tb - 1][ki], (grid, 1), 32 * ks, fx.mmp_smem[nt][ki], args)
 
 
 def mmaset(ctx, list_) -> MmaSet:

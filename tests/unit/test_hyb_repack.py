@@ -211,3 +211,16 @@ def test_mmp_launches_take_their_variants_ring():
     for nt, tb, ks in variants:
         ms.launch(ctx, swept, p, 1, nt, tb, ks)
     assert [s for _, _, s in ctx.launches] == [ks * (6 if nt == 0 else stages) * stage for nt, tb, ks in variants]
+
+
+def test_hfuncs_keeps_the_weight_side_fields():
+    """HFuncs adds the arm's kernels to MmaFuncs without shadowing any of its fields (a kernel
+    named like one replaced the matvec's shared memory table once)."""
+    import _fakecard
+    from cortiq_drv.hybrid.launch import HFuncs
+
+    ctx = _fakecard.FakeCtx()
+    base, full = mma.MmaFuncs(ctx, _fakecard.FakeModule()), HFuncs(ctx, _fakecard.FakeModule())
+    for name, value in vars(base).items():
+        assert type(getattr(full, name)) is type(value), name
+    assert full.mmp_smem == base.mmp_smem and full.grid_cap == base.grid_cap
