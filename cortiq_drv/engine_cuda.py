@@ -10,8 +10,8 @@ penalties (`Sampling.needs_logits` false) and each MTP draft take the pick on th
 id coming back. A speculative round is one verify window through `api.batch` with a `SpecTail`
 (the head over every row, each row's argmax on the card when the pick is greedy), then
 `spec.spec_restore` when only part of the window is kept. The MTP block drafts on the card too
-(its layer through `api.token` under its own layer base, the eh projection on the host) and on
-the host arm once the card declines it.
+(its normed input halves on the host, the eh projection by `CardEh`, its layer through `api.token`
+under its own layer base) and on the host arm once the card declines it.
 
 Outcomes: a Declined one raises `Declined` naming the step (the engine falls back to the host arm
 when the prompt is declined under device="auto", else surfaces it); a Failed one raises
@@ -29,7 +29,7 @@ from cortiq_drv.errors import CortiqError, CudaError, Declined, NoDevice
 from cortiq_drv.graph import KIND_F32, KIND_Q4TP, GraphAttn, SpecTail
 from cortiq_drv.host import Sequence
 from cortiq_drv.host.attention import KvRows
-from cortiq_drv.host.mtp import block_input
+from cortiq_drv.host.mtp import block_halves
 
 WHAT = "cuda engine"
 # Rows one prompt-path call takes (the engine's chunking on the card).
@@ -96,6 +96,7 @@ class CardArm:
         self.n_gdn = sum(isinstance(l.attn, GraphAttn.Gdn) for l in g.layers)
         # why the MTP block drafts on the host (None: on the card)
         self.mtp_on_host: str | None = None
+        self._eh: CardEh | None = None
 
     @classmethod
     def open(cls, hm, far=None) -> "CardArm":
@@ -118,6 +119,13 @@ class CardArm:
         """Embedding rows [n, hidden] of `ids` from the host model, float32 C-order (a new array)."""
         return np.ascontiguousarray(self.hm.embed(ids), dtype=np.float32)
 
+    def block_input(self, h: np.ndarray, t: int) -> np.ndarray:
+        """The MTP block's input row [hidden] for token t after residual row h [1, hidden]
+        (`host.mtp.block_input`): the normed halves on the host, eh_proj on the card."""
+        if self._eh is None:
+            self._eh = CardEh(self.hs, self.hm.cmf, self.g)
+        return self._eh(block_halves(self.hm, h, t)[0])
+
     def counters(self) -> tuple[int, int, int]:
         """(graphs recorded, graph replays, declines) of the arm so far (process-wide)."""
         c = self.hs.counters
@@ -125,9 +133,12 @@ class CardArm:
 
     def sequence(self, rows: int, kv_hint: int = 0) -> "CardSeq":
         """A fresh sequence (the engine's id, from row 0) whose head gives logits [rows];
-        `kv_hint`: the rows it expects to hold (the first K/V reservation)."""
-        # the last generation's state goes: the MTP block's mirror would keep its rows otherwise
-        self.release()
+        `kv_hint`: the rows it expects to hold (the first K/V reservation). The last generation's
+        rows and states are cleared in place (the MTP block's mirror would keep its rows
+        otherwise), so its graphs replay."""
+        from cortiq_drv.hybrid import spec
+
+        spec.rewind(self.hs, self.kv_id)
         self.hs.kv_hint = kv_hint
         return CardSeq(self, rows)
 
@@ -159,10 +170,56 @@ class CardArm:
                 print(line, file=sys.stderr)
 
     def release(self) -> None:
-        """Free the engine's sequence on the card (mirrors, states, graphs over them)."""
+        """Free the engine's sequence on the card (mirrors, states, graphs over them) and the
+        eh projection's rows."""
         from cortiq_drv.hybrid import spec
 
         spec.reset(self.hs, self.kv_id)
+        if self._eh is not None:
+            self._eh.close()
+            self._eh = None
+
+
+class CardEh:
+    """The MTP block's eh projection on the card, the matvec of the host's `block_input` (eh_proj
+    is [hidden, 2 hidden]: 34M weights on the 9B, the costly part of a draft on the host). The
+    matrix is repacked into the arm's store once; a call uploads the two normed halves, splits
+    them into planes and runs one matvec launch into the row that comes back. Declined when the
+    matrix is not q4tp or does not fit the budget."""
+
+    def __init__(self, hs, cmf, g):
+        from cortiq_drv.hybrid import mma, plan
+
+        self.hs, self.rows, self.cols = hs, g.hidden, 2 * g.hidden
+        self.fx = hs.hfuncs(g.nh // g.nkv, g.hd)
+        m = plan.weight(hs, cmf, g.mtp.eh, g.hidden, self.cols)
+        self.bufs = [hs.card.new(self.cols * 4), hs.card.new(g.hidden * 4)]
+        self.bufs += [hs.card.new(self.cols * 2) for _ in range(3)]
+        x, y, p0, p1, p2 = self.bufs
+        self.planes = mma.Planes(p0.ptr, p1.ptr, p2.ptr, self.cols)
+        self.ms = hs.card.mmaset([mma.JobSpec(m, y.ptr, 0, g.hidden, g.hidden)])
+
+    def __call__(self, halves: np.ndarray) -> np.ndarray:
+        """The block's input row [hidden] = eh_proj halves [2 hidden] (float32)."""
+        from cortiq_drv.hybrid import mma
+
+        x, y = self.bufs[:2]
+        row = np.ascontiguousarray(halves, dtype=np.float32)
+        if row.shape != (self.cols,):
+            raise CortiqError(f"eh projection: halves of shape {row.shape}, want ({self.cols},)")
+        out = np.empty(self.rows, dtype=np.float32)
+        with self.hs.lock:
+            ctx = self.hs.ctx
+            x.upload_async(row)
+            mma.split(ctx, self.fx, self.planes, x, self.cols, self.cols, 1)
+            self.ms.run(ctx, self.fx, self.planes, self.cols, 1)
+            y.download_async(out)
+            ctx.sync()
+        return out
+
+    def close(self) -> None:
+        for b in self.bufs:
+            b.close()
 
 
 class CardSeq:
@@ -268,16 +325,17 @@ class CardSeq:
         return a.hm.mtp_draft(self._host_mtp, hidden, tip, self.pos, k, rows=valid)
 
     def _draft_card(self, hidden: np.ndarray, tip: int, k: int, valid: int) -> list[int]:
-        """The host draft's steps (`host.mtp.draft`) with the block's layer and the head on the
-        card under layer base len(layers); its K/V mirror rewinds to the position itself."""
-        hm, g = self.arm.hm, self.arm.g
+        """The host draft's steps (`host.mtp.draft`) with the eh projection (`CardEh`), the block's
+        layer and the head on the card, the layer under layer base len(layers); its K/V mirror
+        rewinds to the position itself."""
+        a, g = self.arm, self.arm.g
         m = g.mtp
         h = np.asarray(hidden, dtype=np.float32).reshape(1, g.hidden)
         t, out = int(tip), []
         # the head's rows are the sampleable ids: the card's pick is the host's argmax
         pick = valid == self.rows
         for j in range(k):
-            x = np.ascontiguousarray(block_input(hm, h, t)[0], dtype=np.float32)  # [hidden]
+            x = a.block_input(h, t)  # [hidden]
             got = self._token(x, self.pos + j, [m.layer], len(g.layers), m.final_norm,
                               f"an MTP draft at row {self.pos + j}", pick)
             t = got if pick else int(np.argmax(got[:valid]))

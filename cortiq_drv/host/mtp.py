@@ -10,14 +10,20 @@ from ..errors import CortiqError
 from .ops import rms_norm
 
 
-def block_input(model, h: np.ndarray, t: int) -> np.ndarray:
-    """The MTP block's input row [1, hidden] for token t after residual row h [1, hidden]:
-    eh_proj[RMSNorm(embed(t), 1 + enorm) ; RMSNorm(h, 1 + hnorm)]."""
+def block_halves(model, h: np.ndarray, t: int) -> np.ndarray:
+    """What eh_proj takes for token t after residual row h [1, hidden]: [1, 2 hidden] =
+    [RMSNorm(embed(t), 1 + enorm) ; RMSNorm(h, 1 + hnorm)]."""
     g = model.graph
     m = g.mtp
     e = rms_norm(model.embed([t]), m.enorm, g.eps, g.gemma)
     hn = rms_norm(h, m.hnorm, g.eps, g.gemma)
-    return model.mm(m.eh, np.concatenate([e, hn], axis=1))
+    return np.concatenate([e, hn], axis=1)
+
+
+def block_input(model, h: np.ndarray, t: int) -> np.ndarray:
+    """The MTP block's input row [1, hidden] for token t after residual row h [1, hidden]:
+    eh_proj[RMSNorm(embed(t), 1 + enorm) ; RMSNorm(h, 1 + hnorm)]."""
+    return model.mm(model.graph.mtp.eh, block_halves(model, h, t))
 
 
 def draft(model, seq, hidden: np.ndarray, token: int, position: int, k: int,

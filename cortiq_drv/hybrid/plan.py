@@ -283,7 +283,7 @@ def _row_bufs(hs, g: Geom, nh, nkv, hd, hidden, lm_rows, n_attn) -> RowBufs:
     return RowBufs(**b)
 
 
-def _weight(hs, cmf, gw: GraphW, rows: int, cols: int):
+def weight(hs, cmf, gw: GraphW, rows: int, cols: int):
     """A graph weight repacked on the card (`hmat`): q4tp only on this path."""
     if gw.kind != KIND_Q4TP:
         raise Declined(WHAT, f"weight {gw.name}: codec kind {gw.kind} has no hybrid kernel")
@@ -337,8 +337,8 @@ def _gdn(hs, cmf, fx, a, b, g: Geom, hidden, consts, li) -> GdnL:
         raise Declined(WHAT, f"layer {li}: GDN constants of unexpected lengths")
     if a.a.kind != KIND_F32 or a.b.kind != KIND_F32:
         raise Declined(WHAT, f"layer {li}: a GDN gate projection that is not f32")
-    qm, zm = _weight(hs, cmf, a.qkv, cdim, hidden), _weight(hs, cmf, a.z, vd, hidden)
-    om = _weight(hs, cmf, a.out, hidden, vd)
+    qm, zm = weight(hs, cmf, a.qkv, cdim, hidden), weight(hs, cmf, a.z, vd, hidden)
+    om = weight(hs, cmf, a.out, hidden, vd)
     consts.extend((d, fp_f32(d)) for d in (a.conv1d, a.a_log, a.dt_bias, a.norm))
     aw, bw = hs.f32_buf(a.a.data.reshape(-1)), hs.f32_buf(a.b.data.reshape(-1))
     ms_in = hs.card.mmaset([JobSpec(qm, b.qkv.ptr, 0, g.cdmax, cdim), JobSpec(zm, b.z.ptr, 0, g.vdmax, vd)])
@@ -350,8 +350,8 @@ def _gdn(hs, cmf, fx, a, b, g: Geom, hidden, consts, li) -> GdnL:
 
 def _attn(hs, cmf, a, b, g: Geom, nh, nkv, hd, hidden, consts, li) -> AttnL:
     qr = nh * hd * (1 + int(a.output_gate))
-    qm, km = _weight(hs, cmf, a.wq, qr, hidden), _weight(hs, cmf, a.wk, nkv * hd, hidden)
-    vm, om = _weight(hs, cmf, a.wv, nkv * hd, hidden), _weight(hs, cmf, a.wo, hidden, nh * hd)
+    qm, km = weight(hs, cmf, a.wq, qr, hidden), weight(hs, cmf, a.wk, nkv * hd, hidden)
+    vm, om = weight(hs, cmf, a.wv, nkv * hd, hidden), weight(hs, cmf, a.wo, hidden, nh * hd)
     norms = []
     for d in (a.q_norm, a.k_norm):
         if d is not None and len(d) != hd:
@@ -372,7 +372,7 @@ def _layer(hs, cmf, fx, l, b, g: Geom, nh, nkv, hd, hidden, consts, li) -> HLaye
         raise Declined(WHAT, f"layer {li}: a gate/up pair of q4tp matrices of one shape")
     gum = hs.store().hmat_pair((cmf.uid, f.gate.idx, f.up.idx), cmf.tensor(f.gate.name),
                                cmf.tensor(f.up.name), inter, hidden)
-    dm = _weight(hs, cmf, f.down, hidden, inter)
+    dm = weight(hs, cmf, f.down, hidden, inter)
     consts.extend((d, fp_f32(d)) for d in (l.input_norm, l.post_norm))
     if isinstance(l.attn, GraphAttn.Gdn):
         mix = _gdn(hs, cmf, fx, l.attn, b, g, hidden, consts, li)
@@ -402,7 +402,7 @@ def build(hs, cmf, layers, lm, final_norm, nh, nkv, hd, rd, hidden, gemma, eps, 
                    for li, l in enumerate(layers)]
             head, fnorm = None, None
             if lm is not None:
-                m = _weight(hs, cmf, lm[0], lm[0].rows, hidden)
+                m = weight(hs, cmf, lm[0], lm[0].rows, hidden)
                 head = (m, lm_rows, hs.card.mmaset([JobSpec(m, b.logits.ptr, 0, lm_rows, lm_rows)]))
                 fnorm = hs.f32_buf(final_norm)
     except BaseException:

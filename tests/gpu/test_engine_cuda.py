@@ -7,7 +7,9 @@ mid-size model (8 layers, hidden 1024, head widths 256 / 128):
   tie: the host's top-2 logits there within 1e-2 relative (else the test fails);
 - `logits(ids)` on the card against the host: relative RMS <= 2e-2 and the same argmax in every
   row (a row whose host top-2 gap is within 1e-2 relative may differ);
-- speculative decoding on the card gives the card's plain decoding, greedy and seeded;
+- speculative decoding on the card gives the card's plain decoding, greedy and seeded; the MTP
+  block's eh projection on the card matches the host's within 2e-6 relative;
+- the next generation rewinds the sequence in place: the same tokens again, no graph recorded;
 - `cortiq-drv demo --device cuda` runs on the card; a model the card cannot take is Declined.
 
 With $OUT set, one JSON line per check goes to $OUT/test_engine_cuda.jsonl.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 
 import numpy as np
 import pytest
@@ -27,6 +30,7 @@ from cortiq_drv.cli import main
 from cortiq_drv.default_model import SHAPES, build_model, default_model_path
 from cortiq_drv.engine import Engine
 from cortiq_drv.errors import Declined
+from cortiq_drv.host.mtp import block_input
 from cortiq_drv.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
@@ -123,6 +127,37 @@ def test_card_speculation_equals_plain(pair, sampling):
     assert pair.card.device == "cuda" and c.verify_rounds > 0
     assert pair.card.card.mtp_on_host is None, pair.card.card.mtp_on_host
     assert spec == plain
+
+
+def test_mtp_block_input_on_the_card(pair):
+    """The eh projection on the card (CardEh) against the host arm's block_input: relative RMS
+    <= 2e-6 (q4tp weights times three bf16 planes, f32 sums; test_hyb_mma's tolerance)."""
+    arm = pair.card.card
+    h = np.random.default_rng(5).standard_normal((1, arm.g.hidden)).astype(np.float32)
+    for t in (0, 7, 123):
+        err = rel_rms(arm.block_input(h, t), block_input(arm.hm, h, t)[0])
+        assert err <= 2e-6, (t, err)
+    us = {}
+    for name, f in (("card", lambda: arm.block_input(h, 7)), ("host", lambda: block_input(arm.hm, h, 7))):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            f()
+        us[name] = round((time.perf_counter() - t0) / 20 * 1e6, 1)
+    _note("mtp block input", model=pair.which, hidden=arm.g.hidden, us=us)
+
+
+def test_next_generation_replays_the_graphs(pair):
+    """The engine's next generation rewinds the sequence in place (spec.rewind): the same prompt
+    again gives the same tokens and records no graph, every step a replay."""
+    first = pair.greedy(pair.card, max_tokens=16)
+    c1 = pair.card.counters
+    again = pair.greedy(pair.card, max_tokens=16)
+    c = pair.card.counters
+    _note("next generation", model=pair.which, graphs=c.graphs_recorded, replays=c.graph_replays,
+          prompt_s=[round(c1.prompt_s, 4), round(c.prompt_s, 4)],
+          decode_s=[round(c1.decode_s, 4), round(c.decode_s, 4)])
+    assert again == first
+    assert c.graphs_recorded == 0 and c.graph_replays > 0, (c.graphs_recorded, c.graph_replays)
 
 
 def test_demo_runs_on_the_card(capsys):

@@ -59,8 +59,9 @@ def no_device(monkeypatch):
 
 
 class HostCard:
-    """`api.token`, `api.batch`, `spec.spec_restore`, `spec.reset` computed by the host arm over
-    residual rows, recording each call; `decline` / `fail`: (call index, outcome) to return."""
+    """`api.token`, `api.batch`, `spec.spec_restore`, `spec.reset` / `rewind` computed by the host
+    arm over residual rows, recording each call; `decline` / `fail`: (call index, outcome) to
+    return."""
 
     def __init__(self, path):
         self.hm = HostModel.open(path)
@@ -159,14 +160,32 @@ class HostCard:
         return True
 
 
+class HostEh:
+    """`engine_cuda.CardEh` computed by the host arm: eh_proj over the normed halves, each call
+    recorded."""
+
+    def __init__(self, hc: HostCard):
+        self.hc = hc
+
+    def __call__(self, halves: np.ndarray) -> np.ndarray:
+        self.hc.calls.append(("eh", halves.shape))
+        hm = self.hc.hm
+        return hm.mm(hm.graph.mtp.eh, halves[None])[0]
+
+    def close(self) -> None:
+        pass
+
+
 @pytest.fixture
 def card(fit, monkeypatch):
     hc = HostCard(fit)
+    monkeypatch.setattr(engine_cuda, "CardEh", lambda hs, cmf, g: HostEh(hc))
     monkeypatch.setattr(hstate, "current", lambda: hc.hs)
     monkeypatch.setattr(api, "token", hc.token)
     monkeypatch.setattr(api, "batch", hc.batch)
     monkeypatch.setattr(spec, "spec_restore", hc.spec_restore)
     monkeypatch.setattr(spec, "reset", lambda hs, kv_id: None)
+    monkeypatch.setattr(spec, "rewind", lambda hs, kv_id: None)
     return hc
 
 
@@ -236,6 +255,8 @@ def test_card_tokens_equal_the_host_arm(fit, card, sampling):
     assert windows and all(x[5] == (not sampling.needs_logits) for x in windows)
     drafts = [x for x in card.calls if x[0] == "token" and x[1] == FIT.layers]
     assert len(drafts) == c.drafts_proposed and all(x[4] for x in drafts)
+    # each draft's eh projection on the card, over both normed halves
+    assert card.calls.count(("eh", (2 * FIT.hidden,))) == len(drafts)
     # every round either kept its whole window or restored every GDN layer to its start
     restores = [x for x in card.calls if x[0] == "restore"]
     assert all(x[3] == e.card.n_gdn == 2 for x in restores)
@@ -295,3 +316,29 @@ def test_logits_on_the_card(fit, card):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # windows of NMAX rows with the head over every row
     assert [c[:5] for c in card.calls] == [("batch", 16, 0, False, True), ("batch", 9, 16, False, True)]
+
+
+def test_card_eh_on_a_fake_card(hyb_tiny):
+    """CardEh: the eh matrix repacked once into the arm's store, then per call the halves
+    uploaded, one hy_split and one matvec launch over planes 2 hidden wide, the row back; the
+    same buffers every call."""
+    import _fakecard
+    from cortiq_drv.hybrid.plan import plan_for
+
+    cmf, g = hyb_tiny
+    hs, ctx, card = _fakecard.fake_state()
+    plan_for(hs, cmf, g.layers, 0, None, None, g.nh, g.nkv, g.hd, g.rd, g.hidden, g.gemma, g.eps, g.scale,
+             g.invf, 0)
+    eh = engine_cuda.CardEh(hs, cmf, g)
+    assert (cmf.uid, g.mtp.eh.idx) in hs.store().mats
+    ptrs = [b.ptr for b in eh.bufs]
+    for _ in range(2):
+        ctx.launches.clear()
+        assert eh(np.ones(2 * g.hidden, np.float32)).shape == (g.hidden,)
+        names = [l.name for l in ctx.launches]
+        assert names == ["hy_split", "hy_mmp"]
+        assert ctx.launches[0].grid[0] == -(-2 * g.hidden // 256)
+    assert [b.ptr for b in eh.bufs] == ptrs
+    with pytest.raises(CortiqError, match="halves of shape"):
+        eh(np.ones(g.hidden, np.float32))
+    eh.close()

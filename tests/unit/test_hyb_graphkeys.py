@@ -210,3 +210,40 @@ def test_batch_outcomes(hyb_tiny):
     assert run([7, 8, 9, 10], spec=SpecTail(g.lm, g.lm_rows, g.final_norm), argmax_out=ids).ok
     pick = [l for l in ctx.launches if l.name == "hy_argmax"]
     assert len(pick) == 1 and pick[0].grid == (ARGMAX_BLOCKS, 4) and (ids == 0).all()
+
+
+def test_rewind_keeps_the_graphs_reset_drops_them(hyb_tiny):
+    """spec.rewind (the engine's next generation): mirrors back to no rows, GDN states zeroed at
+    row 0 without their tape and snapshot, and the same calls again replay the graphs; spec.reset
+    frees it all, so they are recorded again."""
+    from cortiq_drv.hybrid import spec
+
+    cmf, g = hyb_tiny
+    hs, ctx, card = _fakecard.fake_state()
+    p = _plan(hs, cmf, g)
+
+    def generation():
+        for pos in range(5):
+            _call(hs, p, g, 3, pos, 1)
+        _call(hs, p, g, 3, 5, 4, tape=True)
+
+    generation()
+    c = hs.counters
+    rec, held = c.graph_rec, ctx.kv_bytes
+    gkeys = [k for k in hs.gdn if k[0] == 3]
+    for k in gkeys:
+        hs.gdn[k].s.upload_async(np.ones(hs.gdn[k].s_n, np.float32))
+    assert spec.gdn_snapshot(hs, 3, 9) and ctx.kv_bytes > held
+    bufs = {k: (gs.s.ptr, gs.ring.ptr) for k, gs in hs.gdn.items()}
+    spec.rewind(hs, 3)
+    assert ctx.kv_bytes == held and all(m.stored == 0 for k, m in hs.kv.items() if k[0] == 3)
+    for k in gkeys:
+        gs = hs.gdn[k]
+        assert (gs.next_pos, gs.tape, gs.snap) == (0, None, None) and (gs.s.ptr, gs.ring.ptr) == bufs[k]
+        assert not spec.gdn_state_read(hs, 3, k[1]).any()
+    generation()
+    assert c.graph_rec == rec
+    spec.reset(hs, 3)
+    assert not hs.gdn and not hs.kv and not hs.graphs and ctx.kv_bytes == 0
+    generation()
+    assert c.graph_rec == 2 * rec
