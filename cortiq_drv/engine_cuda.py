@@ -182,44 +182,26 @@ class CardArm:
 
 class CardEh:
     """The MTP block's eh projection on the card, the matvec of the host's `block_input` (eh_proj
-    is [hidden, 2 hidden]: 34M weights on the 9B, the costly part of a draft on the host). The
-    matrix is repacked into the arm's store once; a call uploads the two normed halves, splits
-    them into planes and runs one matvec launch into the row that comes back. Declined when the
-    matrix is not q4tp or does not fit the budget."""
+    is [hidden, 2 hidden]: 34M weights on the 9B): the matrix repacked into the arm's store once,
+    then each call one row through `mma.RowsMatvec`. Declined when the matrix is not q4tp or does
+    not fit the budget."""
 
     def __init__(self, hs, cmf, g):
         from cortiq_drv.hybrid import mma, plan
 
-        self.hs, self.rows, self.cols = hs, g.hidden, 2 * g.hidden
-        self.fx = hs.hfuncs(g.nh // g.nkv, g.hd)
-        m = plan.weight(hs, cmf, g.mtp.eh, g.hidden, self.cols)
-        self.bufs = [hs.card.new(self.cols * 4), hs.card.new(g.hidden * 4)]
-        self.bufs += [hs.card.new(self.cols * 2) for _ in range(3)]
-        x, y, p0, p1, p2 = self.bufs
-        self.planes = mma.Planes(p0.ptr, p1.ptr, p2.ptr, self.cols)
-        self.ms = hs.card.mmaset([mma.JobSpec(m, y.ptr, 0, g.hidden, g.hidden)])
+        self.hs = hs
+        with hs.lock:
+            fx = hs.hfuncs(g.nh // g.nkv, g.hd)
+            m = plan.weight(hs, cmf, g.mtp.eh, g.hidden, 2 * g.hidden)
+            self.mv = mma.RowsMatvec(hs.ctx, fx, m, hs.card.new, hs.card.mmaset, "eh projection")
 
     def __call__(self, halves: np.ndarray) -> np.ndarray:
         """The block's input row [hidden] = eh_proj halves [2 hidden] (float32)."""
-        from cortiq_drv.hybrid import mma
-
-        x, y = self.bufs[:2]
-        row = np.ascontiguousarray(halves, dtype=np.float32)
-        if row.shape != (self.cols,):
-            raise CortiqError(f"eh projection: halves of shape {row.shape}, want ({self.cols},)")
-        out = np.empty(self.rows, dtype=np.float32)
         with self.hs.lock:
-            ctx = self.hs.ctx
-            x.upload_async(row)
-            mma.split(ctx, self.fx, self.planes, x, self.cols, self.cols, 1)
-            self.ms.run(ctx, self.fx, self.planes, self.cols, 1)
-            y.download_async(out)
-            ctx.sync()
-        return out
+            return self.mv(np.reshape(halves, (1, -1)))[0]
 
     def close(self) -> None:
-        for b in self.bufs:
-            b.close()
+        self.mv.close()
 
 
 class CardSeq:

@@ -1,7 +1,7 @@
 """The tensor-core matvec of the small path: job tables (`HyJob`), `MmaSet` (`mmaset`,
 `mmaset_pair`; the reference's `mmaset_kind` is its constructor), `Planes`, `split`,
-`MmaSet.run`, `rows_matvec` (ports of cuda_hybrid.rs), and `MmaFuncs`, the kernels of hyb.cu
-they launch.
+`MmaSet.run`, `rows_matvec` (ports of cuda_hybrid.rs; `RowsMatvec` keeps its buffers between
+calls), and `MmaFuncs`, the kernels of hyb.cu they launch.
 
 Arithmetic contract (kernels/hyb_mma.cuh): a row's outputs are the same bits whatever number of
 rows the call carries and whichever of the TB variants runs; only KS (warps splitting a tile's
@@ -208,7 +208,6 @@ class MmaSet:
         if len({s.mat.cols for s in list_}) != 1:
             raise CortiqError("mmaset: matrices of one launch must share their width")
         self.cols = list_[0].mat.cols
-        self.n = len(list_)
         tables = [job_table(list_, kind, tb) for tb in (1, 2)]
         self.jobs = [t for t, _ in tables]
         self.blocks = [b for _, b in tables]
@@ -267,28 +266,56 @@ def rmsnorm2(ctx, fx, x, w, xf, hidden: int, eps: float, gemma: bool, p: Planes,
     ctx.launch(fx.rmsnorm2, (-(-hidden // 1024), n), 256, 0, args)
 
 
+class RowsMatvec:
+    """y [n][rows] = W x [n][cols] on the card for a repacked q4tp DevMat, NMAX rows a launch,
+    every row as in a one-row call (`rows_matvec`), with its staging row, planes and job table
+    made once for any number of calls. `new(nbytes)` and `sets(jobs)` make the buffers and the
+    job table (default: plain buffers and `mmaset`; the arm passes its Card's); `what` names it
+    in errors."""
+
+    def __init__(self, ctx, fx, m, new=None, sets=None, what: str = "rows_matvec"):
+        new = new or (lambda nbytes: Buf.new(ctx, nbytes))
+        self.ctx, self.fx, self.m, self.what = ctx, fx, m, what
+        self.bufs = []
+        try:
+            for nbytes in (NMAX * m.cols * 4, NMAX * m.rows * 4, *[NMAX * m.cols * 2] * 3):
+                self.bufs.append(new(nbytes))
+            _, y, p0, p1, p2 = self.bufs
+            self.planes = Planes(p0.ptr, p1.ptr, p2.ptr, m.cols)
+            self.ms = (sets or (lambda jobs: mmaset(ctx, jobs)))([JobSpec(m, y.ptr, 0, m.rows, m.rows)])
+        except BaseException:
+            self.close()
+            raise
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """y [n][rows] of x [n][cols] (float32), after one sync."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        cols = self.m.cols
+        if x.ndim != 2 or x.shape[1] != cols:
+            raise CortiqError(f"{self.what}: rows of width {cols}, got shape {x.shape}")
+        ctx, fx, (xin, yout) = self.ctx, self.fx, self.bufs[:2]
+        y = np.empty((x.shape[0], self.m.rows), dtype=np.float32)
+        # stream order keeps a chunk's upload after the last one's launches and its download
+        for r0 in range(0, x.shape[0], NMAX):
+            k = min(NMAX, x.shape[0] - r0)
+            xin.upload_async(x[r0:r0 + k])
+            split(ctx, fx, self.planes, xin, cols, cols, k)
+            self.ms.run(ctx, fx, self.planes, cols, k)
+            yout.download_async(y[r0:r0 + k])
+        ctx.sync()
+        return y
+
+    def close(self) -> None:
+        for b in self.bufs:
+            b.close()
+        self.bufs = []
+
+
 def rows_matvec(ctx, fx, m, x: np.ndarray) -> np.ndarray:
     """y [n][rows] = W x [n][cols] on the card for a repacked q4tp DevMat, NMAX rows a launch
-    (`rows_matvec`): every row as in a one-row call."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.ndim != 2 or x.shape[1] != m.cols:
-        raise CortiqError(f"rows_matvec: rows of width {m.cols}, got shape {x.shape}")
-    n, cols, rows = x.shape[0], m.cols, m.rows
-    y = np.empty((n, rows), dtype=np.float32)
-    bufs = [Buf.new(ctx, NMAX * cols * 4), Buf.new(ctx, NMAX * rows * 4)]
-    bufs += [Buf.new(ctx, NMAX * cols * 2) for _ in range(3)]
-    xin, yout, p0, p1, p2 = bufs
+    (`rows_matvec`): every row as in a one-row call; buffers for this call alone."""
+    mv = RowsMatvec(ctx, fx, m)
     try:
-        ms = mmaset(ctx, [JobSpec(m, yout.ptr, 0, rows, rows)])
-        planes = Planes(p0.ptr, p1.ptr, p2.ptr, cols)
-        for r0 in range(0, n, NMAX):
-            k = min(NMAX, n - r0)
-            xin.upload(x[r0:r0 + k])
-            split(ctx, fx, planes, xin, cols, cols, k)
-            ms.run(ctx, fx, planes, cols, k)
-            yout.download_async(y[r0:r0 + k])
-            ctx.sync()
+        return mv(x)
     finally:
-        for b in bufs:
-            b.close()
-    return y
+        mv.close()

@@ -331,14 +331,14 @@ def test_card_eh_on_a_fake_card(hyb_tiny):
              g.invf, 0)
     eh = engine_cuda.CardEh(hs, cmf, g)
     assert (cmf.uid, g.mtp.eh.idx) in hs.store().mats
-    ptrs = [b.ptr for b in eh.bufs]
+    ptrs = [b.ptr for b in eh.mv.bufs]
     for _ in range(2):
         ctx.launches.clear()
         assert eh(np.ones(2 * g.hidden, np.float32)).shape == (g.hidden,)
         names = [l.name for l in ctx.launches]
         assert names == ["hy_split", "hy_mmp"]
         assert ctx.launches[0].grid[0] == -(-2 * g.hidden // 256)
-    assert [b.ptr for b in eh.bufs] == ptrs
-    with pytest.raises(CortiqError, match="halves of shape"):
+    assert [b.ptr for b in eh.mv.bufs] == ptrs
+    with pytest.raises(CortiqError, match="eh projection: rows of width"):
         eh(np.ones(g.hidden, np.float32))
     eh.close()
