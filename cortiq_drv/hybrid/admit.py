@@ -96,10 +96,8 @@ def _gdn(hs, plan, g: GdnL, l, key, li: int, pos0: int):
         if gs.dims == dims and gs.next_pos == pos0:
             return None
         if gs.dims == dims and pos0 == 0:
-            # a new sequence on the same id: no history
-            gs.s.memset(0)
-            gs.ring.memset(0)
-            gs.next_pos, gs.tape = 0, None
+            # a new sequence on the same id: no history (as spec.rewind makes it)
+            gs.fresh(hs)
             return None
         return True, f"GDN state of layer {li} is at row {gs.next_pos}, the call at {pos0}"
     ring_n, s_n = (g.kk - 1) * g.cdim, g.nv * g.dk * g.dv

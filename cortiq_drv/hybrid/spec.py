@@ -150,15 +150,6 @@ def gdn_state_read(hs, kv_id: int, layer: int) -> np.ndarray | None:
         return out
 
 
-def _drop_snapshot(hs, gs) -> None:
-    """A GDN state's `gdn_snapshot` copy freed (its bytes off the K/V count)."""
-    if gs.snap is not None:
-        hs.ctx.kv_bytes -= gs.snap[1].bytes + gs.snap[2].bytes
-        gs.snap[1].close()
-        gs.snap[2].close()
-        gs.snap = None
-
-
 def rewind(hs, kv_id: int) -> None:
     """A new sequence on `kv_id` in place of the old one: every K/V mirror back to no rows, every
     GDN state zeroed at row 0 (its window tape and snapshot gone), as fresh ones would be. The
@@ -168,10 +159,7 @@ def rewind(hs, kv_id: int) -> None:
     with hs.lock:
         for k, gs in hs.gdn.items():
             if k[0] == kv_id:
-                gs.s.memset(0)
-                gs.ring.memset(0)
-                gs.next_pos, gs.tape = 0, None
-                _drop_snapshot(hs, gs)
+                gs.fresh(hs)
         for k, m in hs.kv.items():
             if k[0] == kv_id:
                 m.stored = 0
@@ -188,7 +176,7 @@ def reset(hs, kv_id: int) -> None:
             held[0].close()
         for k in [k for k in hs.gdn if k[0] == kv_id]:
             gs = hs.gdn.pop(k)
-            _drop_snapshot(hs, gs)
+            gs.drop_snapshot(hs)
             hs.ctx.kv_bytes -= gs.counted
             gs.close()
         for k in [k for k in hs.kv if k[0] == kv_id]:

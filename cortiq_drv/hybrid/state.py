@@ -163,6 +163,23 @@ class GdnState:
         """The seven buffers in `book`'s order."""
         return (self.s, self.ring, self.t_qkv, self.t_cq, self.t_gb, self.s_save, self.ring_save)
 
+    def drop_snapshot(self, hs) -> None:
+        """Free the `gdn_snapshot` copy (its bytes off the K/V count) once the stream's pending
+        copies into it are done."""
+        if self.snap is not None:
+            hs.ctx.sync()
+            hs.ctx.kv_bytes -= self.snap[1].bytes + self.snap[2].bytes
+            self.snap[1].close()
+            self.snap[2].close()
+            self.snap = None
+
+    def fresh(self, hs) -> None:
+        """Row 0 of a new sequence: s and ring zeroed (on the stream), no tape, no snapshot."""
+        self.s.memset(0)
+        self.ring.memset(0)
+        self.next_pos, self.tape = 0, None
+        self.drop_snapshot(hs)
+
     def close(self) -> None:
         self.all.close()
         if self.snap is not None:

@@ -235,7 +235,10 @@ def test_rewind_keeps_the_graphs_reset_drops_them(hyb_tiny):
         hs.gdn[k].s.upload_async(np.ones(hs.gdn[k].s_n, np.float32))
     assert spec.gdn_snapshot(hs, 3, 9) and ctx.kv_bytes > held
     bufs = {k: (gs.s.ptr, gs.ring.ptr) for k, gs in hs.gdn.items()}
+    syncs = ctx.syncs
     spec.rewind(hs, 3)
+    # the snapshot goes after the copies queued into it
+    assert ctx.syncs > syncs
     assert ctx.kv_bytes == held and all(m.stored == 0 for k, m in hs.kv.items() if k[0] == 3)
     for k in gkeys:
         gs = hs.gdn[k]
@@ -247,3 +250,25 @@ def test_rewind_keeps_the_graphs_reset_drops_them(hyb_tiny):
     assert not hs.gdn and not hs.kv and not hs.graphs and ctx.kv_bytes == 0
     generation()
     assert c.graph_rec == 2 * rec
+
+
+def test_a_new_sequence_on_the_id_starts_fresh(hyb_tiny):
+    """admit at row 0 over states the id holds elsewhere (no rewind): each state zeroed at row 0
+    without its tape and snapshot, as spec.rewind leaves it."""
+    from cortiq_drv.hybrid import spec
+
+    cmf, g = hyb_tiny
+    hs, ctx, _ = _fakecard.fake_state()
+    p = _plan(hs, cmf, g)
+    for pos in range(3):
+        _call(hs, p, g, 4, pos, 1)
+    gkeys = [k for k in hs.gdn if k[0] == 4]
+    for k in gkeys:
+        hs.gdn[k].s.upload_async(np.ones(hs.gdn[k].s_n, np.float32))
+    held = ctx.kv_bytes
+    assert spec.gdn_snapshot(hs, 4, 3)
+    _call(hs, p, g, 4, 0, 1)
+    assert ctx.kv_bytes == held
+    for k in gkeys:
+        gs = hs.gdn[k]
+        assert gs.snap is None and gs.tape is None and not spec.gdn_state_read(hs, 4, k[1]).any()
