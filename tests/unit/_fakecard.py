@@ -100,7 +100,7 @@ class FakeCtx:
         self.recording: list | None = None
         self.syncs = 0
         self.host_copies: list = []
-        # the card's memory (`fake_state` sets it), which hy_copy16 reads and writes
+        # the card's memory (its FakeCard sets it), which hy_copy16 reads and writes
         self.heap: Heap | None = None
 
     def _log(self, f, grid, block, args) -> None:
@@ -252,6 +252,8 @@ class FakeGraph:
 class FakeCard:
     def __init__(self, ctx: FakeCtx, heap: Heap):
         self.ctx, self.heap = ctx, heap
+        # the card's memory, which the context's hy_copy16 reads and writes
+        ctx.heap = heap
         self._store = None
         self.captures = 0
         self.funcs_loaded: list = []
@@ -308,7 +310,6 @@ class FakeCard:
 def fake_state() -> tuple[HState, FakeCtx, FakeCard]:
     ctx = FakeCtx()
     card = FakeCard(ctx, Heap())
-    ctx.heap = card.heap
     return HState(ctx, card), ctx, card
 
 
