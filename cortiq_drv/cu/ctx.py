@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 
+from cortiq_drv import knobs
 from cortiq_drv.cu import driver
 from cortiq_drv.errors import CortiqError, CudaError, NoDevice
 
@@ -31,6 +32,8 @@ class Ctx:
         major = driver.device_attr(self.device, "COMPUTE_CAPABILITY_MAJOR")
         minor = driver.device_attr(self.device, "COMPUTE_CAPABILITY_MINOR")
         self.arch = f"sm_{major}{minor}"
+        # programmatic dependent launches (and griddepcontrol in the kernels) need sm_90
+        self.pdl_ok = major >= 9
         self.sm_count = driver.device_attr(self.device, "MULTIPROCESSOR_COUNT")
         self.smem_optin = driver.device_attr(self.device, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
         self.stream = driver.stream_create_nonblocking()
@@ -59,17 +62,18 @@ class Ctx:
 
     def launch(self, f, grid: tuple[int, int], block: int, smem: int, args) -> None:
         """Launch `f` on the stream: grid (gx, gy), `block` threads, `smem` dynamic bytes."""
-        if smem > f.smem_ok:
-            f.allow_smem(smem)
-        driver.launch_kernel(f.handle, (grid[0], grid[1], 1), (block, 1, 1), smem, self.stream,
-                             args.addr, f.name)
+        self.launch_3d(f, (grid[0], grid[1], 1), block, smem, args)
 
     def launch_3d(self, f, grid: tuple[int, int, int], block, smem: int, args) -> None:
-        """Launch with a 3-D grid; `block` is a thread count or (bx, by, bz)."""
+        """Launch with a 3-D grid; `block` is a thread count or (bx, by, bz). A kernel marked
+        `pdl` goes as a programmatic dependent of the one before it (sm_90 and up; knobs.cuda_pdl)."""
         if smem > f.smem_ok:
             f.allow_smem(smem)
         b3 = (block, 1, 1) if isinstance(block, int) else tuple(block)
-        driver.launch_kernel(f.handle, tuple(grid), b3, smem, self.stream, args.addr, f.name)
+        if f.pdl and self.pdl_ok and knobs.get().cuda_pdl:
+            driver.launch_kernel_pdl(f.handle, tuple(grid), b3, smem, self.stream, args.addr, f.name)
+        else:
+            driver.launch_kernel(f.handle, tuple(grid), b3, smem, self.stream, args.addr, f.name)
 
     def sync(self) -> None:
         """Wait for everything queued on the stream."""

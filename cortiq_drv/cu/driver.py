@@ -165,6 +165,38 @@ def launch_kernel(func, grid: tuple[int, int, int], block: tuple[int, int, int],
                         f"{name} grid={grid} block={block} smem={smem}")
 
 
+def _pdl_attrs():
+    """The launch attribute list of a programmatic dependent launch, made once."""
+    global _PDL_ATTRS
+    if _PDL_ATTRS is None:
+        attr = _d.CUlaunchAttribute()
+        attr.id = _d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        _PDL_ATTRS = [attr]
+    return _PDL_ATTRS
+
+
+_PDL_ATTRS = None
+
+
+def launch_kernel_pdl(func, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+                      stream, params: int, name: str = "") -> None:
+    """`launch_kernel` as a programmatic dependent (cuLaunchKernelEx with programmatic stream
+    serialization): the kernel may start before the one ahead of it on the stream has finished,
+    and must wait for it itself (griddepcontrol.wait); in a capture, a programmatic graph edge."""
+    cfg = _d.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.sharedMemBytes = smem
+    cfg.hStream = stream
+    cfg.attrs = _pdl_attrs()
+    cfg.numAttrs = 1
+    err = _d.cuLaunchKernelEx(cfg, func, params, 0)[0]
+    if err != _SUCCESS:
+        raise CudaError("cuLaunchKernelEx", error_name(err),
+                        f"{name} (programmatic) grid={grid} block={block} smem={smem}")
+
+
 def begin_capture(stream) -> None:
     check(_d.cuStreamBeginCapture(stream, _THREAD_LOCAL), "cuStreamBeginCapture")
 

@@ -70,8 +70,9 @@ def cache_key(src: str, options, version: tuple[int, int], arch: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def compile_program(src: str, options, name: str = "cortiq.cu") -> tuple[bytes, str]:
-    """Compile uncached: (CUBIN, log). A failed compile raises NvrtcError carrying the log."""
+def compile_program(src: str, options, name: str = "cortiq.cu", ptx: bool = False) -> tuple[bytes, str]:
+    """Compile uncached: (CUBIN, log), or (PTX text, log) with `ptx` (a real arch gives both). A
+    failed compile raises NvrtcError carrying the log."""
     nv = _nvrtc()
     prog = _ok(nv, nv.nvrtcCreateProgram(src.encode(), name.encode(), 0, [], []),
                "nvrtcCreateProgram")
@@ -87,6 +88,11 @@ def compile_program(src: str, options, name: str = "cortiq.cu") -> tuple[bytes, 
         if err != nv.nvrtcResult.NVRTC_SUCCESS:
             raise NvrtcError(f"nvrtcCompileProgram {name} ({' '.join(options)}): "
                              f"{nv.nvrtcGetErrorString(err)[1].decode()}", log_text)
+        if ptx:
+            size = _ok(nv, nv.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+            text = bytearray(size)
+            _ok(nv, nv.nvrtcGetPTX(prog, text), "nvrtcGetPTX")
+            return bytes(text).rstrip(b"\0"), log_text
         size = _ok(nv, nv.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = bytearray(size)
         _ok(nv, nv.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
@@ -115,14 +121,17 @@ def compile_cubin(src: str, defines=(), arch: str = "sm_90", extra=()) -> bytes:
 
 
 class Func:
-    """A kernel entry point; `smem_ok` is the dynamic shared memory it may launch with now."""
+    """A kernel entry point; `smem_ok` is the dynamic shared memory it may launch with now; `pdl`
+    marks a kernel that starts with `pdl_begin()` (kernels/common.cuh), which `Ctx.launch` then
+    launches as a programmatic dependent of the kernel before it (CMF_CUDA_PDL=0: never)."""
 
-    __slots__ = ("handle", "name", "smem_ok")
+    __slots__ = ("handle", "name", "smem_ok", "pdl")
 
     def __init__(self, handle, name: str):
         self.handle = handle
         self.name = name
         self.smem_ok = 48 * 1024
+        self.pdl = False
 
     def allow_smem(self, nbytes: int) -> None:
         """Opt in to `nbytes` of dynamic shared memory (above 48 KiB needs the attribute)."""

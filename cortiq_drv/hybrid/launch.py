@@ -25,8 +25,15 @@ HSTAGES = ("norms", "gdn in", "gdn core", "gdn out", "attn in", "attn core", "at
            "silu", "down", "head", "copies")
 
 
+# The decode step's kernels besides the matvec's that start with pdl_begin() (kernels/common.cuh),
+# launched as programmatic dependents.
+PDL_KERNELS = ("hy_gdn_front", "hy_gdn_scan", "hy_gdn_scan4", "hy_gdn_out32", "hy_gdn_scan4_out32", "hy_qk",
+               "hy_scores", "hy_values", "hy_finish", "hy_argmax")
+
+
 class HFuncs(MmaFuncs):
-    """The kernels of one hyb.cu module (compiled for one HPK, HD): the matvec's and these."""
+    """The kernels of one hyb.cu module (compiled for one HPK, HD): the matvec's and these;
+    PDL_KERNELS are marked `pdl`."""
 
     def __init__(self, ctx, module):
         super().__init__(ctx, module)
@@ -44,6 +51,8 @@ class HFuncs(MmaFuncs):
                      flash="hy_flash_h")
         for attr, name in names.items():
             setattr(self, attr, module.func(name))
+        for name in PDL_KERNELS:
+            module.func(name).pdl = True
 
 
 class Stages:

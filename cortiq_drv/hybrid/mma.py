@@ -59,17 +59,27 @@ def blocks_per_sm(ctx, f, threads: int, dyn_smem: int) -> int:
     return max(1, min(by_regs, by_smem, _SM_THREADS // threads))
 
 
+def mmp_name(nt: int, tb: int, ks: int) -> str:
+    """The matvec entry of (NT, TB, KS); NT 0 is hy_mmv's."""
+    return f"hy_mmv_{tb}_{ks}" if nt == 0 else f"hy_mmp_{nt}_{tb}_{ks}"
+
+
+# The weight-side kernels that start with pdl_begin() (kernels/common.cuh), launched as
+# programmatic dependents.
+PDL_KERNELS = (*(mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)),
+               "hy_split", "hy_rmsnorm2")
+
+
 class MmaFuncs:
     """The weight-side kernels of one loaded hyb.cu module: `mmp[NT][TB - 1][KS == 16]` (NT 0:
     `hy_mmv_{TB}_{KS}`, the one- and two-row entries; 1, 2: `hy_mmp_{NT}_{TB}_{KS}`), `split`,
     `rmsnorm2`, `repack` (the matching fields of the reference's `HFuncs`), `mmp_smem[NT][KS == 16]`,
     each variant's dynamic shared memory (hy_mmv's rings `mv_stages` deep: the module's
     HY_MV_STAGES), and `grid_cap`, the blocks each variant keeps resident on the whole card (its
-    grid walks the work items, so a launch never needs more)."""
+    grid walks the work items, so a launch never needs more). PDL_KERNELS are marked `pdl`."""
 
     def __init__(self, ctx, module, mv_stages: int = MV_STAGES):
-        names = lambda nt, tb, ks: f"hy_mmv_{tb}_{ks}" if nt == 0 else f"hy_mmp_{nt}_{tb}_{ks}"
-        self.mmp = [[[module.func(names(nt, tb, ks)) for ks in (8, 16)] for tb in (1, 2)] for nt in (0, 1, 2)]
+        self.mmp = [[[module.func(mmp_name(nt, tb, ks)) for ks in (8, 16)] for tb in (1, 2)] for nt in (0, 1, 2)]
         self.mmp_smem = [[ring_bytes(ks, mv_stages if nt == 0 else RING_STAGES) for ks in (8, 16)] for nt in (0, 1, 2)]
         self.grid_cap = [[[0, 0], [0, 0]] for _ in range(3)]
         for nt in (0, 1, 2):
@@ -81,6 +91,8 @@ class MmaFuncs:
         self.split = module.func("hy_split")
         self.rmsnorm2 = module.func("hy_rmsnorm2")
         self.repack = module.func("hy_repack")
+        for name in PDL_KERNELS:
+            module.func(name).pdl = True
 
 
 # The pieces of kernels/hyb.cu that MmaFuncs' kernels live in (its first includes, in its order).

@@ -107,6 +107,20 @@ __device__ __forceinline__ void ldsm4(u32* r, u32 addr) {
 }
 __device__ __forceinline__ void ldsm4(u32* r, const void* p) { ldsm4(r, (u32)__cvta_generic_to_shared(p)); }
 
+// Programmatic dependent launch (PDL). A kernel launched with the programmatic-serialization
+// attribute (Func.pdl on the host) may start while the kernel before it on the stream still runs;
+// pdl_begin() waits until that kernel has completed and its writes are visible (a no-op for a
+// kernel launched without the attribute), then lets the next kernel on the stream launch, so its
+// launch and whatever it does before its own pdl_begin() (reads of data no kernel writes: weights)
+// overlap this kernel. Nothing before pdl_begin() may read what an earlier kernel writes or write
+// what one reads. Every kernel the host marks pdl calls it on every path that touches memory.
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // 1 / (1 + e^-x) with full-precision expf (the reference's sigmoid).
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 

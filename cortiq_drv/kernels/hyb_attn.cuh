@@ -69,6 +69,7 @@ extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const f
                                  const float* kn, float* qg, float* gate, f16* kp, f16* vp, const float* tab, int nh,
                                  int nkv, int half, float eps, int gemma, int gated, int slot0, int n, const int* ci,
                                  f16* q16) {
+    pdl_begin();
     __shared__ float red[32];
     __shared__ float xs[HD];
     const int r = blockIdx.y, u = blockIdx.x, d = threadIdx.x;
@@ -112,6 +113,7 @@ extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const f
 // block the grid stands for (0 on the small path).
 extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, float* Mx, int n0, int r0, int nkv,
                                      float scale, int rb, int ncap, int nbcap, int n, const int* ci) {
+    pdl_begin();
     __shared__ float qsm[HPK][HD];
     __shared__ float wm[8][HPK];
     int far = 0;
@@ -178,6 +180,7 @@ extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, f
 // each taking every (256 / HD)-th head.
 extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16* vp, float* P, float* E, int n0, int r0,
                                      int nkv, int rb, int ncap, int nbcap, int n, const int* ci) {
+    pdl_begin();
     const int TPD = 256 / HD, NI = (HPK + TPD - 1) / TPD, VQ = (64 * HD / 8 + 255) / 256;
     __shared__ float pm[HPK][64];
     __shared__ __align__(16) u16 vs[64][HD];
@@ -251,6 +254,7 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
 // Grid (nh, n), block 256 threads.
 extern "C" __global__ void hy_finish(const float* P, const float* E, const float* gate, bf16* p0, bf16* p1, bf16* p2,
                                      int ps, int n0, int rb, int nh, int nbcap, const int* ci) {
+    pdl_begin();
     int far = 0, ncap = 0;
     att_record(ci, n0, rb, ncap, nbcap, far);
     const int r = blockIdx.y, h = blockIdx.x;
@@ -301,6 +305,7 @@ __device__ __forceinline__ void argmax_warp(float& best, int& idx) {
 // scratch; cnt i32 [n] (zero between launches). Grid (blocks, n), block 256.
 extern "C" __global__ void __launch_bounds__(256)
     hy_argmax(const float* logits, int rows, int stride, int* out, int off, float* part, int* cnt) {
+    pdl_begin();
     __shared__ float bv[8];
     __shared__ int bi[8];
     __shared__ int last;

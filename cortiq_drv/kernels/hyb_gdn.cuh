@@ -48,6 +48,7 @@ extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* r
                                         int n, int cdim, int kk, int nk, int dk, const float* xn, int hidden,
                                         const float* aw, const float* bw, const float* a_log,
                                         const float* dt_bias, float* gb, int nv) {
+    pdl_begin();
     __shared__ float red[32];
     const int r = blockIdx.y, u = blockIdx.x, t = threadIdx.x;
     const int units = cdim / dk;
@@ -215,6 +216,7 @@ __device__ __forceinline__ void gdn_cols1(const float* cq, const float* gb, cons
 extern "C" __global__ void hy_gdn_scan4(const float* cq, const float* gb, float* S, float* o, int n, int cdim,
                                         int nv, int nk, int dv, float* ring, const float* qkv, int qs, int kk,
                                         float* save) {
+    pdl_begin();
     const int nsb = nv * dv / 32;
     if ((int)blockIdx.x < nsb) {
         gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, blockIdx.x);
@@ -230,6 +232,7 @@ extern "C" __global__ void hy_gdn_scan4(const float* cq, const float* gb, float*
 extern "C" __global__ void hy_gdn_scan(const float* cq, const float* gb, float* S, float* o, int n, int cdim,
                                        int nv, int nk, int dk, int dv, float* ring, const float* qkv, int qs,
                                        int kk) {
+    pdl_begin();
     const int nsb = (nv * dv + 7) / 8;
     if ((int)blockIdx.x < nsb) {
         gdn_cols1(cq, gb, S, S, o, n, cdim, nv, nk, dk, dv, blockIdx.x * 8 + (threadIdx.x >> 5));
@@ -259,6 +262,7 @@ __device__ __forceinline__ void gdn_norm_put(float x, float ms, int r, int h, in
 extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, const float* norm, float* of, int nv,
                                         int dv, float eps, int sig, int gemma, bf16* p0, bf16* p1, bf16* p2,
                                         int ps) {
+    pdl_begin();
     __shared__ float red[32];
     const int r = blockIdx.x / nv, h = blockIdx.x % nv, j = threadIdx.x;
     const size_t at = (size_t)r * nv * dv + h * dv + j;
@@ -280,6 +284,7 @@ extern "C" __global__ void __launch_bounds__(512)
                        float* ring, const float* qkv, int qs, int kk, float* save, const float* z, int zs,
                        const float* norm, float* of, float eps, int sig, int gemma, bf16* p0, bf16* p1, bf16* p2,
                        int ps) {
+    pdl_begin();
     __shared__ float ored[16];
     if ((int)blockIdx.x >= nv) {
         if (ring) gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nv) * blockDim.x + threadIdx.x);

@@ -136,6 +136,7 @@ extern "C" __global__ void hy_repack(const unsigned char* na, const unsigned cha
 // hy_split: x [n][xs] f32, its first `cols` columns, into the planes p0, p1, p2 [n][os] bf16 (put3).
 // Grid ceil(n * cols / 256), block 256.
 extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, bf16* p1, bf16* p2, int os, int n) {
+    pdl_begin();
     const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= (size_t)n * cols) return;
     const int r = (int)(k / cols), c = (int)(k % cols);
@@ -152,6 +153,7 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
 // Thread t of block bx writes columns 4q .. 4q + 3, q = 256 bx + t, from the float4 it loaded.
 extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf, int hidden, float eps, int gemma,
                                        bf16* p0, bf16* p1, bf16* p2, int ps) {
+    pdl_begin();
     __shared__ float red[8];
     const int r = blockIdx.y, t = threadIdx.x, nq = hidden >> 2, q = blockIdx.x * 256 + t;
     const float4* xr = (const float4*)(x + (size_t)r * hidden);

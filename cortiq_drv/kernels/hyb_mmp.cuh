@@ -140,6 +140,8 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
     };
     const float* lrow = lad + tw * 528 + gid * 33;
     const int nst = (gpr + G - 1) / G;
+    // the stages carry activations: nothing before the previous kernel is done
+    pdl_begin();
     for (int bi = blockIdx.x; bi < total; bi += gridDim.x) {
         locate(bi);
         for (int i = 0; i < S - 1; ++i) issue(i);
@@ -247,6 +249,10 @@ __device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring) {
 //   rows or more over at least HY_WIDE_MIN items of HY_WT tiles (and half the grid), planes
 //   16-byte aligned with xs % 8 == 0, run hy_mmp_wide instead: the same sums in the same order
 //   (so the same bits), the B fragments staged once a block.
+//   PDL (common.cuh): hy_mmp_run fetches the first item's weight stages and makes its rung table
+//   before pdl_begin() (weights, codes and ladders are written only by hy_repack and uploads,
+//   which their callers sync after), all else after it; hy_mmp_wide, whose stages carry
+//   activations, waits first.
 //   Launch: block 32 * KS threads, dynamic shared memory KS * HY_STAGES * HY_STAGE bytes (traps
 //   when given less). Assumes n <= 8 NT, cols % 32 == 0, xs even, 4-byte aligned planes, 16-byte
 //   aligned tiles and codes (mat_planes aligns them to 256).

@@ -10,6 +10,7 @@
 - graph replay equals direct launches byte for byte across 4096 keys, where the scratch and the
   mirror grow and the graph is recorded again;
 - `spec_restore` after a partial acceptance, then decoding, equals plain decoding byte for byte;
+- programmatic dependent launches in the graph equal plain direct launches byte for byte;
 - a position past the cap, a geometry outside the kernels, a model over the budget: Declined.
 """
 
@@ -202,6 +203,29 @@ def test_graph_replay_equals_direct_past_4096_keys(default_arm):
     # recorded at the first step, replayed, recorded again where 4097 keys moved the scratch
     # (position 4096, step 6: 4097 keys)
     assert recs[0] == 1 and recs[6] == 1 and sum(recs) == 2, recs
+
+
+def test_programmatic_launches_equal_plain_ones(default_arm, monkeypatch):
+    """The step's kernels launched as programmatic dependents (the default, recorded into the
+    graph) give the bytes of plain direct launches (CMF_CUDA_PDL=0), 12 steps."""
+    arm, hs = default_arm, default_arm.hs
+    assert hs.ctx.pdl_ok, hs.ctx.arch
+    toks = [int(t) for t in np.random.default_rng(11).integers(0, 248000, 12)]
+    try:
+        for pos, t in enumerate(toks):
+            monkeypatch.delenv("CMF_CUDA_PDL", raising=False)
+            knobs.reset()
+            hs.use_graphs = True
+            a = arm.token(510, t, pos)
+            monkeypatch.setenv("CMF_CUDA_PDL", "0")
+            knobs.reset()
+            hs.use_graphs = False
+            b = arm.token(511, t, pos)
+            assert a.tobytes() == b.tobytes(), pos
+    finally:
+        monkeypatch.delenv("CMF_CUDA_PDL", raising=False)
+        knobs.reset()
+        hs.use_graphs = knobs.get().cuda_graph
 
 
 def test_declines(default_arm, monkeypatch):

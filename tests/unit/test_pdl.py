@@ -1,0 +1,94 @@
+"""Programmatic dependent launches: the kernels the host marks `pdl` are exactly those whose code
+calls pdl_begin() (griddepcontrol.wait, then launch_dependents), the ones that touch no earlier
+kernel's data before it do so ahead of every global access, and `Ctx.launch` sends a marked
+kernel through cuLaunchKernelEx only on sm_90 and up with CMF_CUDA_PDL on (no device: NVRTC's PTX
+and fake driver calls)."""
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from cortiq_drv import knobs
+from cortiq_drv.cu import driver, nvrtc
+from cortiq_drv.cu.ctx import Ctx
+from cortiq_drv.cu.nvrtc import Func
+from cortiq_drv.errors import NvrtcError
+from cortiq_drv.hybrid import launch, mma
+from cortiq_drv.kernels import source
+
+# Global memory traffic in PTX (cp.async from global included).
+_GLOBAL = re.compile(r"\b(ld\.global|st\.global|atom\.|red\.|cp\.async\.c[ag]\.shared\.global|prefetch\.global)")
+
+
+@pytest.fixture(scope="module")
+def entries():
+    """{kernel: PTX body} of hyb.cu compiled for sm_90."""
+    try:
+        nvrtc.nvrtc_version()
+    except NvrtcError as e:
+        pytest.skip(f"NVRTC cannot be loaded: {e}")
+    ptx, _ = nvrtc.compile_program(source("hyb.cu"), nvrtc.options_for((), "sm_90"), "hyb.cu", ptx=True)
+    text = ptx.decode()
+    out = {}
+    for m in re.finditer(r"\.entry (\w+)\(", text):
+        end = text.find("\n}", m.end())
+        out[m.group(1)] = text[m.end():end]
+    return out
+
+
+def test_marked_kernels_are_the_ones_that_wait(entries):
+    marked = set(mma.PDL_KERNELS) | set(launch.PDL_KERNELS)
+    waiting = {k for k, body in entries.items() if "griddepcontrol.wait" in body}
+    assert marked <= set(entries), sorted(marked - set(entries))
+    assert waiting == marked, (sorted(marked - waiting), sorted(waiting - marked))
+    for k in marked:
+        body = entries[k]
+        assert body.index("griddepcontrol.wait") < body.index("griddepcontrol.launch_dependents"), k
+
+
+def test_wait_comes_before_any_global_access(entries):
+    # every marked kernel but the matvecs, which fetch weights and ladders first (weights no
+    # kernel of the step writes; see hyb_mmp.cuh)
+    matvecs = {mma.mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)}
+    for k in (set(mma.PDL_KERNELS) | set(launch.PDL_KERNELS)) - matvecs:
+        body = entries[k]
+        first = _GLOBAL.search(body)
+        assert first is not None and body.index("griddepcontrol.wait") < first.start(), k
+
+
+@pytest.mark.parametrize("pdl,arch_ok,env,want", [
+    (True, True, None, "pdl"),
+    (True, True, "0", "plain"),
+    (True, False, None, "plain"),
+    (False, True, None, "plain"),
+])
+def test_launch_goes_programmatic_only_when_marked_and_allowed(monkeypatch, pdl, arch_ok, env, want):
+    calls = []
+    monkeypatch.setattr(driver, "launch_kernel", lambda *a: calls.append(("plain", a)))
+    monkeypatch.setattr(driver, "launch_kernel_pdl", lambda *a: calls.append(("pdl", a)))
+    if env is None:
+        monkeypatch.delenv("CMF_CUDA_PDL", raising=False)
+    else:
+        monkeypatch.setenv("CMF_CUDA_PDL", env)
+    knobs.reset()
+    try:
+        f = Func("handle", "hy_rmsnorm2")
+        f.pdl = pdl
+        ctx = Ctx.__new__(Ctx)  # no device: only what a launch reads
+        ctx.stream, ctx.pdl_ok = "s", arch_ok
+        ctx.launch_3d(f, (3, 2, 1), 256, 0, SimpleNamespace(addr=1234))
+        ctx.launch(f, (5, 1), 128, 0, SimpleNamespace(addr=99))
+    finally:
+        knobs.reset()
+    assert [c[0] for c in calls] == [want, want]
+    assert calls[0][1] == ("handle", (3, 2, 1), (256, 1, 1), 0, "s", 1234, "hy_rmsnorm2")
+    assert calls[1][1] == ("handle", (5, 1, 1), (128, 1, 1), 0, "s", 99, "hy_rmsnorm2")
+
+
+def test_pdl_launch_failure_names_the_kernel(monkeypatch):
+    bad = driver._d.CUresult.CUDA_ERROR_INVALID_VALUE
+    monkeypatch.setattr(driver._d, "cuLaunchKernelEx", lambda *a: (bad,))
+    with pytest.raises(Exception, match=r"cuLaunchKernelEx: CUDA_ERROR_INVALID_VALUE \(hy_qk \(programmatic\) "
+                                        r"grid=\(1, 2, 1\)"):
+        driver.launch_kernel_pdl(None, (1, 2, 1), (64, 1, 1), 0, None, 0, "hy_qk")
