@@ -1,4 +1,4 @@
-"""Fixtures shared by the hybrid arm's host-side tests (fake card, tiny model)."""
+"""Fixtures shared by the unit tests: NVRTC's presence, the hybrid arm's tiny model."""
 
 import pytest
 
@@ -15,3 +15,15 @@ def hyb_tiny(tmp_path_factory):
     cmf = CmfFile.open(path)
     yield cmf, graph_build(cmf)
     cmf.close()
+
+
+@pytest.fixture(scope="session")
+def nvrtc_ok():
+    """Skips the test where NVRTC cannot be loaded (where it can, it compiles without a GPU)."""
+    from cortiq_drv.cu import nvrtc
+    from cortiq_drv.errors import NvrtcError
+
+    try:
+        nvrtc.nvrtc_version()
+    except NvrtcError as e:
+        pytest.skip(f"NVRTC cannot be loaded: {e}")

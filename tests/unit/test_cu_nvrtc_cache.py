@@ -36,11 +36,7 @@ def test_options_for_defines_forms():
 
 
 @pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    try:
-        nvrtc.nvrtc_version()
-    except NvrtcError as e:
-        pytest.skip(f"NVRTC cannot be loaded: {e}")
+def cache_dir(nvrtc_ok, tmp_path, monkeypatch):
     monkeypatch.setenv("CORTIQ_DRV_KERNEL_CACHE", str(tmp_path / "kc"))
     knobs.reset()
     monkeypatch.setattr(nvrtc, "_memo", {})

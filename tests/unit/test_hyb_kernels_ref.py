@@ -264,15 +264,10 @@ _SMALL = ("hy_gdn_front", "hy_gdn_scan", "hy_gdn_scan4", "hy_gdn_out32", "hy_gdn
 
 
 @pytest.mark.parametrize("hpk,hd", [(1, 64), (2, 128), (4, 256), (8, 64), (16, 128), (16, 256)])
-def test_small_kernels_compile_without_spills(hpk, hd):
+def test_small_kernels_compile_without_spills(nvrtc_ok, hpk, hd):
     from cortiq_drv.cu import nvrtc
-    from cortiq_drv.errors import NvrtcError
     from cortiq_drv.kernels import source
 
-    try:
-        nvrtc.nvrtc_version()
-    except NvrtcError as e:
-        pytest.skip(f"NVRTC cannot be loaded: {e}")
     opts = nvrtc.options_for({"HPK": hpk, "HD": hd}, "sm_90", ["-Xptxas=-v"])
     _, log = nvrtc.compile_program(source("hyb.cu"), opts, "hyb.cu")
     props = dict(re.findall(r"Function properties for (\w+)\n(.*)", log))
