@@ -186,8 +186,8 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         }
     };
     // B fragments of group gr in bb[gr & 1] (GS is even, so the parity is gu's); an item's
-    // first group's are loaded before its ladders (the same for every item: the columns and the
-    // warp's groups do not change)
+    // first group's (the same for every item: the columns and the warp's groups do not change)
+    // are loaded before its rung table is stored, the first item's after pdl_begin
     u32 bb[2][NTC][4];
     // the first item's weights in flight and its rung table made (from data no kernel writes)
     // before pdl_begin; the activations and the residual after it
