@@ -358,7 +358,7 @@ def main(argv=None) -> int:
 
     ctx = Ctx.current()
     bw = bk.read_bandwidth(ctx, a.reps)
-    emit(dict(bench="read_bw", tbps=round(bw, 3), bytes=4 << 30, device=ctx.arch, sms=ctx.sm_count))
+    emit(bk.read_bw_line(ctx, bw))
     tmp = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="bench_decode_"))
     try:
         for label in a.shapes.split(","):

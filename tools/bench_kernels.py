@@ -25,6 +25,7 @@ import sys
 
 import numpy as np
 
+from cortiq_drv import knobs
 from cortiq_drv.blas import Gemm
 from cortiq_drv.cu import Buf, Ctx, Event, capture, kargs
 from cortiq_drv.cu.nvrtc import compile_cubin, func, load
@@ -32,6 +33,8 @@ from cortiq_drv.hybrid import mma
 from cortiq_drv.hybrid.mats import DevMat
 from cortiq_drv.hybrid.repack import planes_bytes, random_q4tp, repack_on_card
 
+# Bytes the streaming-read kernel reads.
+READ_BYTES = 4 << 30
 # Weights are rotated through copies holding at least this many bytes (H200 L2: 50 MB).
 ROTATE_BYTES = 4 * (50 << 20)
 # Launches a captured graph holds at least.
@@ -91,9 +94,9 @@ def graph_us(ctx, calls, reps: int) -> float:
 
 
 def read_bandwidth(ctx, reps: int) -> float:
-    """Bytes per second a streaming read of 4 GiB reaches (TB/s)."""
+    """Bytes per second a streaming read of READ_BYTES reaches (TB/s)."""
     f = func(load(ctx, compile_cubin(READ_SRC, (), ctx.arch)), "bw_read")
-    nbytes = 4 << 30
+    nbytes = READ_BYTES
     buf, out = Buf.new(ctx, nbytes), Buf.new(ctx, 4)
     buf.memset(1)
     args = kargs("QQQ", buf, nbytes // 16, out)
@@ -103,6 +106,13 @@ def read_bandwidth(ctx, reps: int) -> float:
     finally:
         buf.close()
         out.close()
+
+
+def read_bw_line(ctx, bw: float) -> dict:
+    """A run's first JSON line: the read bandwidth and what measured it (arch, SMs, and whether
+    the kernels marked pdl went as programmatic dependents: sm_90 and CMF_CUDA_PDL)."""
+    return dict(bench="read_bw", tbps=round(bw, 3), bytes=READ_BYTES, device=ctx.arch, sms=ctx.sm_count,
+                pdl=bool(ctx.pdl_ok and knobs.get().cuda_pdl))
 
 
 class Rotated:
@@ -231,7 +241,7 @@ def main(argv=None) -> int:
             out.flush()
 
     bw = read_bandwidth(ctx, a.reps)
-    emit(dict(bench="read_bw", tbps=round(bw, 3), bytes=4 << 30, device=ctx.arch, sms=ctx.sm_count))
+    emit(read_bw_line(ctx, bw))
     want = set(a.matrices.split(",")) if a.matrices else None
     for model in a.models.split(","):
         for name, parts, cols, pair in matrices(MODELS[model]):
