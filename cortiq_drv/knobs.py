@@ -45,8 +45,8 @@ def _flag(env, name: str, default: bool) -> bool:
 class Knobs:
     # Small-path graphs (`CMF_CUDA_GRAPH=0` launches directly).
     cuda_graph: bool
-    # Kernels that start with pdl_begin() launched as programmatic dependents (`CMF_CUDA_PDL=0`:
-    # plain launches).
+    # Kernels that start with pdl_begin() launched as programmatic dependents (`CORTIQ_DRV_PDL=0`:
+    # plain launches; this port's own, the reference has no such launches).
     cuda_pdl: bool
     # Stage times on stderr, each stage closed by a stream sync (`CMF_CUDA_PROF=1`).
     cuda_prof: bool
@@ -104,7 +104,7 @@ def _read(env) -> Knobs:
     kc = env.get("CORTIQ_DRV_KERNEL_CACHE")
     return Knobs(
         cuda_graph=_flag(env, "CMF_CUDA_GRAPH", True),
-        cuda_pdl=_flag(env, "CMF_CUDA_PDL", True),
+        cuda_pdl=_flag(env, "CORTIQ_DRV_PDL", True),
         cuda_prof=_flag(env, "CMF_CUDA_PROF", False),
         cuda_debug=_flag(env, "CMF_CUDA_DEBUG", False),
         cuda_mem=_flag(env, "CMF_CUDA_MEM", False),

@@ -25,7 +25,6 @@ import sys
 
 import numpy as np
 
-from cortiq_drv import knobs
 from cortiq_drv.blas import Gemm
 from cortiq_drv.cu import Buf, Ctx, Event, capture, kargs
 from cortiq_drv.cu.nvrtc import compile_cubin, func, load
@@ -110,9 +109,9 @@ def read_bandwidth(ctx, reps: int) -> float:
 
 def read_bw_line(ctx, bw: float) -> dict:
     """A run's first JSON line: the read bandwidth and what measured it (arch, SMs, and whether
-    the kernels marked pdl went as programmatic dependents: sm_90 and CMF_CUDA_PDL)."""
+    the kernels marked pdl went as programmatic dependents: Ctx.pdl_on)."""
     return dict(bench="read_bw", tbps=round(bw, 3), bytes=READ_BYTES, device=ctx.arch, sms=ctx.sm_count,
-                pdl=bool(ctx.pdl_ok and knobs.get().cuda_pdl))
+                pdl=ctx.pdl_on)
 
 
 class Rotated:

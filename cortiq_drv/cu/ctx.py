@@ -66,14 +66,19 @@ class Ctx:
 
     def launch_3d(self, f, grid: tuple[int, int, int], block, smem: int, args) -> None:
         """Launch with a 3-D grid; `block` is a thread count or (bx, by, bz). A kernel marked
-        `pdl` goes as a programmatic dependent of the one before it (sm_90 and up; knobs.cuda_pdl)."""
+        `pdl` goes as a programmatic dependent of the one before it when `pdl_on`."""
         if smem > f.smem_ok:
             f.allow_smem(smem)
         b3 = (block, 1, 1) if isinstance(block, int) else tuple(block)
-        if f.pdl and self.pdl_ok and knobs.get().cuda_pdl:
+        if f.pdl and self.pdl_on:
             driver.launch_kernel_pdl(f.handle, tuple(grid), b3, smem, self.stream, args.addr, f.name)
         else:
             driver.launch_kernel(f.handle, tuple(grid), b3, smem, self.stream, args.addr, f.name)
+
+    @property
+    def pdl_on(self) -> bool:
+        """Kernels marked `pdl` launch as programmatic dependents: sm_90 and up, knobs.cuda_pdl."""
+        return self.pdl_ok and knobs.get().cuda_pdl
 
     def sync(self) -> None:
         """Wait for everything queued on the stream."""

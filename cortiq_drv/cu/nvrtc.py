@@ -71,8 +71,8 @@ def cache_key(src: str, options, version: tuple[int, int], arch: str) -> str:
 
 
 def compile_program(src: str, options, name: str = "cortiq.cu", ptx: bool = False) -> tuple[bytes, str]:
-    """Compile uncached: (CUBIN, log), or (PTX text, log) with `ptx` (a real arch gives both). A
-    failed compile raises NvrtcError carrying the log."""
+    """Compile uncached: (CUBIN, log), or with `ptx` (PTX text, log) of the same compile (a real
+    arch such as sm_90 emits both). A failed compile raises NvrtcError carrying the log."""
     nv = _nvrtc()
     prog = _ok(nv, nv.nvrtcCreateProgram(src.encode(), name.encode(), 0, [], []),
                "nvrtcCreateProgram")
@@ -123,7 +123,7 @@ def compile_cubin(src: str, defines=(), arch: str = "sm_90", extra=()) -> bytes:
 class Func:
     """A kernel entry point; `smem_ok` is the dynamic shared memory it may launch with now; `pdl`
     marks a kernel that starts with `pdl_begin()` (kernels/common.cuh), which `Ctx.launch` then
-    launches as a programmatic dependent of the kernel before it (CMF_CUDA_PDL=0: never)."""
+    launches as a programmatic dependent of the kernel before it (CORTIQ_DRV_PDL=0: never)."""
 
     __slots__ = ("handle", "name", "smem_ok", "pdl")
 

@@ -207,23 +207,23 @@ def test_graph_replay_equals_direct_past_4096_keys(default_arm):
 
 def test_programmatic_launches_equal_plain_ones(default_arm, monkeypatch):
     """The step's kernels launched as programmatic dependents (the default, recorded into the
-    graph) give the bytes of plain direct launches (CMF_CUDA_PDL=0), 12 steps."""
+    graph) give the bytes of plain direct launches (CORTIQ_DRV_PDL=0), 12 steps."""
     arm, hs = default_arm, default_arm.hs
     assert hs.ctx.pdl_ok, hs.ctx.arch
     toks = [int(t) for t in np.random.default_rng(11).integers(0, 248000, 12)]
     try:
         for pos, t in enumerate(toks):
-            monkeypatch.delenv("CMF_CUDA_PDL", raising=False)
+            monkeypatch.delenv("CORTIQ_DRV_PDL", raising=False)
             knobs.reset()
             hs.use_graphs = True
             a = arm.token(510, t, pos)
-            monkeypatch.setenv("CMF_CUDA_PDL", "0")
+            monkeypatch.setenv("CORTIQ_DRV_PDL", "0")
             knobs.reset()
             hs.use_graphs = False
             b = arm.token(511, t, pos)
             assert a.tobytes() == b.tobytes(), pos
     finally:
-        monkeypatch.delenv("CMF_CUDA_PDL", raising=False)
+        monkeypatch.delenv("CORTIQ_DRV_PDL", raising=False)
         knobs.reset()
         hs.use_graphs = knobs.get().cuda_graph
 

@@ -1,7 +1,7 @@
 """Programmatic dependent launches: the kernels the host marks `pdl` are exactly those whose code
 calls pdl_begin() (griddepcontrol.wait, then launch_dependents), the ones that touch no earlier
 kernel's data before it do so ahead of every global access, and `Ctx.launch` sends a marked
-kernel through cuLaunchKernelEx only on sm_90 and up with CMF_CUDA_PDL on (no device: NVRTC's PTX
+kernel through cuLaunchKernelEx only on sm_90 and up with CORTIQ_DRV_PDL on (no device: NVRTC's PTX
 and fake driver calls)."""
 
 import re
@@ -16,8 +16,12 @@ from cortiq_drv.cu.nvrtc import Func
 from cortiq_drv.hybrid import launch, mma
 from cortiq_drv.kernels import source
 
-# Global memory traffic in PTX (cp.async from global included).
-_GLOBAL = re.compile(r"\b(ld\.global|st\.global|atom\.|red\.|cp\.async\.c[ag]\.shared\.global|prefetch\.global)")
+# Global memory traffic in PTX: cp.async from global, and generic loads and stores (no state space).
+_GLOBAL = re.compile(r"\b(ld\.global|st\.global|atom\.|red\.|cp\.async\.c[ag]\.shared\.global|prefetch\.global"
+                     r"|(?:ld|st)\.(?!shared|param|local|const|global)\w)")
+# What a matvec may not do before it waits: read activations (ld.global.nc, __ldg), prefetch the
+# residual, write or update global memory.
+_MATVEC_AFTER = re.compile(r"\b(ld\.global\.nc|prefetch\.global|st\.global|atom\.|red\.|(?:ld|st)\.(?!shared|param|local|const|global)\w)")
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +48,17 @@ def test_marked_kernels_are_the_ones_that_wait(entries):
 
 def test_wait_comes_before_any_global_access(entries):
     # every marked kernel but the matvecs, which fetch weights and ladders first (weights no
-    # kernel of the step writes; see hyb_mmp.cuh)
+    # kernel of the step writes; see hyb_mmp.cuh): before their first wait only cp.async and
+    # plain loads (the weight stages, the ladders)
     matvecs = {mma.mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)}
     for k in (set(mma.PDL_KERNELS) | set(launch.PDL_KERNELS)) - matvecs:
         body = entries[k]
         first = _GLOBAL.search(body)
         assert first is not None and body.index("griddepcontrol.wait") < first.start(), k
+    for k in matvecs:
+        body = entries[k]
+        early = _MATVEC_AFTER.search(body[:body.index("griddepcontrol.wait")])
+        assert early is None, (k, early and early.group(0))
 
 
 @pytest.mark.parametrize("pdl,arch_ok,env,want", [
@@ -63,9 +72,9 @@ def test_launch_goes_programmatic_only_when_marked_and_allowed(monkeypatch, pdl,
     monkeypatch.setattr(driver, "launch_kernel", lambda *a: calls.append(("plain", a)))
     monkeypatch.setattr(driver, "launch_kernel_pdl", lambda *a: calls.append(("pdl", a)))
     if env is None:
-        monkeypatch.delenv("CMF_CUDA_PDL", raising=False)
+        monkeypatch.delenv("CORTIQ_DRV_PDL", raising=False)
     else:
-        monkeypatch.setenv("CMF_CUDA_PDL", env)
+        monkeypatch.setenv("CORTIQ_DRV_PDL", env)
     knobs.reset()
     try:
         f = Func("handle", "hy_rmsnorm2")
