@@ -95,16 +95,14 @@ class MmaFuncs:
             module.func(name).pdl = True
 
 
-# The pieces of kernels/hyb.cu that MmaFuncs' kernels live in (its first includes, in its order).
-WEIGHT_SIDE = ("common.cuh", "hyb_mma.cuh", "hyb_mmp_core.cuh", "hyb_mmp.cuh")
-
-
 def weight_side_source() -> str:
-    """The weight-side kernels alone, as hyb.cu compiles them: a third of its compile time, for the
-    matvec's own tests and speed runs (hyb.cu's HPK / HD do not reach these pieces)."""
-    from cortiq_drv.kernels import source
+    """The weight-side kernels alone, as hyb.cu compiles them: its includes up to hyb_mmp.cuh (the
+    pieces MmaFuncs' kernels live in), a third of its compile time, for the matvec's own tests
+    and speed runs (hyb.cu's HPK / HD do not reach these pieces)."""
+    from cortiq_drv.kernels import includes, source
 
-    return "\n".join(source(name) for name in WEIGHT_SIDE)
+    pieces = includes("hyb.cu")
+    return "\n".join(source(name) for name in pieces[:pieces.index("hyb_mmp.cuh") + 1])
 
 
 def load_funcs(ctx, hpk: int = 4, hd: int = 256) -> MmaFuncs:
@@ -156,9 +154,9 @@ def set_rules(rows: list[int]) -> tuple[bool, bool]:
     """(ks16, tb1) of a launch over matrices of these row counts (`mmaset_kind_`): ks16: 16 warps
     a tile (KS 16) while the set has fewer than 12 288 rows in all, 8 from there. The reference's
     3090 rule takes the largest matrix, under 16 384 rows; on the H200 KS 16 wins on the 9B down
-    (24.2 against 37.1 us at one row) and o, and KS 8 on the 9B GDN qkv + z set of 12 352 rows at
+    (24.2 against 37.1 us at one row) and o, and KS 8 on the 9B GDN qkv + z set of 12 288 rows at
     one row (14.4 against 18.8 us; at 16 rows 79 against 68 us: one-row decode is the common
-    call). tb1: one tile a block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes
+    call). The 27B attention q + k + v (14 336 rows) falls on the KS 8 side unmeasured. tb1: one tile a block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes
     the arithmetic, and it depends on the matrices alone.
 
     The reference's third rule, tb1_n1 (one tile a block for one-row calls of 12 288 rows or

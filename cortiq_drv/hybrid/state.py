@@ -204,7 +204,8 @@ class RowIO:
 
     The last two (zeroed once, never copied) are hy_argmax's per-row arrival counts, which each
     launch leaves at zero, and its block parts.
-    A decode step makes no copy call: the host writes its records, RoPE row and residual row into
+    A decode step makes no copy call for its inputs, its pick or its residual row (a step that
+    returns logits still downloads them): the host writes its records, RoPE row and residual row into
     `host` (row 0 of each); the step's graph starts with `launch_in` (hy_copy16 of bytes 0 .. the
     end of h's row 0: the rest of tab and pick ride along, the call rewrites what it reads), its
     greedy pick goes straight to `pick_host`, and it ends with `launch_out` (h's row 0 back). The

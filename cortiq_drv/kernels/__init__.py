@@ -41,6 +41,14 @@ def source(name: str) -> str:
     return _expand(name, set())
 
 
+def includes(name: str) -> list[str]:
+    """The sibling files kernels/`name` includes itself, in its order (not expanded)."""
+    path = _DIR / name
+    if path.parent != _DIR or not path.is_file():
+        raise CortiqError(f"kernel source {name!r} is not a file in {_DIR}")
+    return _INCLUDE.findall(path.read_text())
+
+
 def kernel_files() -> list[str]:
     """The `.cu` entry files in this directory, sorted."""
     return sorted(p.name for p in _DIR.glob("*.cu"))

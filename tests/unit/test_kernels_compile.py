@@ -37,3 +37,16 @@ def test_line_markers_point_back_at_the_including_file():
     text = source("basic.cu")
     assert '#line 1 "common.cuh"' in text
     assert '#line 3 "basic.cu"' in text
+
+
+def test_includes_lists_an_entry_files_own_includes_in_order():
+    from cortiq_drv.hybrid import mma
+    from cortiq_drv.kernels import includes
+
+    inc = includes("hyb.cu")
+    assert inc[:4] == ["common.cuh", "hyb_mma.cuh", "hyb_mmp_core.cuh", "hyb_mmp.cuh"]
+    # the weight side is hyb.cu's pieces up to hyb_mmp.cuh, common.cuh first
+    text = mma.weight_side_source()
+    assert text.startswith(source("common.cuh")) and "HY_MMV(2, 8)" in text and "hy_gdn_front" not in text
+    with pytest.raises(CortiqError, match="no_such.cu"):
+        includes("no_such.cu")
