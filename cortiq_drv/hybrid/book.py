@@ -84,14 +84,10 @@ def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, k
         gs.next_pos = end
         gs.tape = tp
     ci = np.empty((len(kv), 8), dtype=np.int32)
-    stored = {m.stored for m in kv}
-    recs = {s: record(s, n) for s in stored}
-    if len(recs) == 1:
-        # the attention layers of a stack hold the same rows: one record for them all
-        ci[:] = recs[stored.pop()]
-    else:
-        for i, m in enumerate(kv):
-            ci[i] = recs[m.stored]
+    # one record per distinct row count (the attention layers of a stack hold the same rows)
+    recs = {s: record(s, n) for s in {m.stored for m in kv}}
+    for i, m in enumerate(kv):
+        ci[i] = recs[m.stored]
     for m in kv:
         m.stored += n
     keys_max = max((r[0] + n for r in recs.values()), default=0)

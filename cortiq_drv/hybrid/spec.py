@@ -176,9 +176,8 @@ def reset(hs, kv_id: int) -> None:
             held[0].close()
         for k in [k for k in hs.gdn if k[0] == kv_id]:
             gs = hs.gdn.pop(k)
-            gs.drop_snapshot(hs)
             hs.ctx.kv_bytes -= gs.counted
-            gs.close()
+            gs.close(hs)
         for k in [k for k in hs.kv if k[0] == kv_id]:
             m = hs.kv.pop(k)
             hs.ctx.kv_bytes -= m.bytes

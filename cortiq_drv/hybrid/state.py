@@ -180,11 +180,10 @@ class GdnState:
         self.next_pos, self.tape = 0, None
         self.drop_snapshot(hs)
 
-    def close(self) -> None:
+    def close(self, hs) -> None:
+        """Free the state and its snapshot (`drop_snapshot`)."""
+        self.drop_snapshot(hs)
         self.all.close()
-        if self.snap is not None:
-            self.snap[1].close()
-            self.snap[2].close()
 
 
 @dataclass(frozen=True)
