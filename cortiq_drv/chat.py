@@ -16,9 +16,8 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import CortiqError
+from .vocab import QWEN35_STOP_IDS
 
-# <|im_end|> then <|endoftext|>: the Qwen3.5 turn end and document end.
-QWEN35_STOP_IDS = (248046, 248044)
 
 _TOOLS_HEAD = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

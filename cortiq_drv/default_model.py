@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from cortiq_drv import knobs
-from cortiq_drv.chat import QWEN35_STOP_IDS
 from cortiq_drv.cmf import CmfWriter, q4tp
 from cortiq_drv.convert import qwen35_arch as qa
-from cortiq_drv.convert.qwen35 import QWEN35_VOCAB, storage_dtype
+from cortiq_drv.convert.qwen35 import storage_dtype
+from cortiq_drv.vocab import QWEN35_STOP_IDS, QWEN35_VOCAB
 
 # Bumped whenever the generator's output changes, so a cached file of an older build is not reused.
 GENERATOR_VERSION = 1

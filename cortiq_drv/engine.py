@@ -29,17 +29,13 @@ import numpy as np
 
 from cortiq_drv import knobs
 from cortiq_drv.chat import ChatTemplate, stop_ids as header_stop_ids
-from cortiq_drv.convert.qwen35 import QWEN35_VOCAB
-from cortiq_drv.convert.tokenizer_json import QWEN35_SPECIAL_START, QWEN35_SPECIALS
 from cortiq_drv.errors import CortiqError, CudaError, Declined, NoDevice
 from cortiq_drv.graph import GraphAttn
 from cortiq_drv.host import HostModel, Sequence
 from cortiq_drv.nystrom import FarLayer
 from cortiq_drv.sampling import GREEDY, Sampler, Sampling
+from cortiq_drv.vocab import QWEN35_REAL, QWEN35_VOCAB
 
-# Qwen3.5: ids past its tokenizer's last special token are padding rows of the embedding
-# (TOKENIZER.md: 248077 of 248320).
-QWEN35_REAL = QWEN35_SPECIAL_START + len(QWEN35_SPECIALS)
 # Prompt rows one host call takes.
 PROMPT_CHUNK = 256
 # The longest verify window (the reference's NMAX): the tip and 15 drafts.

