@@ -119,6 +119,8 @@ class Rotated:
     each copy: one matrix of parts[0] rows (a gate/up pair when `pair`), or one job a part."""
 
     def __init__(self, ctx, fx, parts, cols, pair, rng):
+        if pair and len(parts) != 1:
+            raise ValueError(f"a gate/up pair is one matrix, not {len(parts)} parts")
         mats = []  # (rows, tiles, codes, ladders) of each part, repacked once
         for rows in parts:
             if pair:
@@ -128,13 +130,12 @@ class Rotated:
             mats.append((rows, *repack_on_card(ctx, fx, srcs, src_rows, rows, cols)))
         self.bytes = sum(planes_bytes(rows, cols) for rows in parts)
         k = max(1, -(-ROTATE_BYTES // self.bytes))
-        self.copies = [t for _, t, _, _ in mats]
         copies = [[t for _, t, _, _ in mats]]
         for _ in range(k - 1):
             copies.append([Buf.new(ctx, t.bytes) for _, t, _, _ in mats])
             for c, (_, t, _, _) in zip(copies[-1], mats):
                 c.copy_from(t)
-            self.copies += copies[-1]
+        self.copies = [c for cs in copies for c in cs]
         self.y = Buf.new(ctx, mma.NMAX * sum(parts) * 4)
         self.sets = []
         for cs in copies:
