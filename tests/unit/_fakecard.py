@@ -220,7 +220,8 @@ class FakeStore:
 
 
 class FakeSet:
-    """A job table: the JobSpecs asked, `run` logs an `hy_mmp` launch."""
+    """A job table: the JobSpecs asked, `run` logs an `hy_mmp` launch with JobArgs' arguments
+    after the table (nj, p0, p1, p2, xs, n, cols; the table itself travels by value)."""
 
     def __init__(self, jobs, kind):
         self.jobs, self.kind = list(jobs), kind
@@ -230,7 +231,7 @@ class FakeSet:
         from cortiq_drv.cu.args import kargs
 
         assert cols == self.cols and 1 <= n <= 16
-        ctx.launch(FakeFunc("hy_mmp"), (1, 1), 256, 0, kargs("QiQQQiii", 0, len(self.jobs), p.p0, p.p1, p.p2,
+        ctx.launch(FakeFunc("hy_mmp"), (1, 1), 256, 0, kargs("iQQQiii", len(self.jobs), p.p0, p.p1, p.p2,
                                                              p.stride, n, cols))
 
 
