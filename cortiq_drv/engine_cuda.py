@@ -133,12 +133,12 @@ class CardArm:
 
     def sequence(self, rows: int, kv_hint: int = 0) -> "CardSeq":
         """A fresh sequence (the engine's id, from row 0) whose head gives logits [rows];
-        `kv_hint`: the rows it expects to hold (the first K/V reservation). The last generation's
-        rows and states are cleared in place (the MTP block's mirror would keep its rows
-        otherwise), so its graphs replay."""
+        `kv_hint`: the rows it expects to hold (the K/V reservation, also of mirrors the last
+        generation left smaller). The last generation's rows and states are cleared in place (the
+        MTP block's mirror would keep its rows otherwise), so its graphs replay."""
         from cortiq_drv.hybrid import spec
 
-        spec.rewind(self.hs, self.kv_id)
+        spec.rewind(self.hs, self.kv_id, kv_hint)
         self.hs.kv_hint = kv_hint
         return CardSeq(self, rows)
 

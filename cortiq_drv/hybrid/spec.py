@@ -150,12 +150,13 @@ def gdn_state_read(hs, kv_id: int, layer: int) -> np.ndarray | None:
         return out
 
 
-def rewind(hs, kv_id: int) -> None:
+def rewind(hs, kv_id: int, hint: int = 0) -> None:
     """A new sequence on `kv_id` in place of the old one: every K/V mirror back to no rows, every
     GDN state zeroed at row 0 (its window tape and snapshot gone), as fresh ones would be. The
     allocations, the restore table and the graphs recorded over them stay with their pointers,
     so the next generation replays those graphs instead of recording them again (`reset` frees
-    it all)."""
+    it all). A mirror with room for fewer than `hint` rows (the new sequence's expected length)
+    is reallocated now, empty, as a fresh one would be sized, rather than grown mid-decode."""
     with hs.lock:
         for k, gs in hs.gdn.items():
             if k[0] == kv_id:
@@ -163,6 +164,8 @@ def rewind(hs, kv_id: int) -> None:
         for k, m in hs.kv.items():
             if k[0] == kv_id:
                 m.stored = 0
+                if m.cap < hint:
+                    m.reserve(hs, hint, hint)
         hs.admitted = None
 
 

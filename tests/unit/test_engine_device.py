@@ -185,7 +185,7 @@ def card(fit, monkeypatch):
     monkeypatch.setattr(api, "batch", hc.batch)
     monkeypatch.setattr(spec, "spec_restore", hc.spec_restore)
     monkeypatch.setattr(spec, "reset", lambda hs, kv_id: None)
-    monkeypatch.setattr(spec, "rewind", lambda hs, kv_id: None)
+    monkeypatch.setattr(spec, "rewind", lambda hs, kv_id, hint=0: None)
     return hc
 
 

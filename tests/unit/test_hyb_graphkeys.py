@@ -252,6 +252,35 @@ def test_rewind_keeps_the_graphs_reset_drops_them(hyb_tiny):
     assert c.graph_rec == 2 * rec
 
 
+def test_rewind_sizes_the_mirrors_for_the_next_sequence(hyb_tiny):
+    """spec.rewind with a hint past a mirror's room reallocates it empty at the hint (a fresh
+    mirror's size) instead of leaving the growth to the middle of the next decode; mirrors with
+    room keep their buffers, and the K/V count follows."""
+    from cortiq_drv.hybrid import spec
+    from cortiq_drv.hybrid.state import MIRROR_STEP
+
+    cmf, g = hyb_tiny
+    hs, ctx, _ = _fakecard.fake_state()
+    p = _plan(hs, cmf, g)
+    for pos in range(3):
+        _call(hs, p, g, 5, pos, 1)
+    mirrors = [m for k, m in hs.kv.items() if k[0] == 5]
+    assert mirrors and all(m.cap == MIRROR_STEP for m in mirrors)
+    ptrs = [m.k.ptr for m in mirrors]
+    spec.rewind(hs, 5, MIRROR_STEP)
+    assert [m.k.ptr for m in mirrors] == ptrs
+    before = ctx.kv_bytes
+    spec.rewind(hs, 5, 3 * MIRROR_STEP)
+    assert all(m.stored == 0 and m.cap == 3 * MIRROR_STEP for m in mirrors)
+    assert all(m.k.ptr != q for m, q in zip(mirrors, ptrs))
+    assert ctx.kv_bytes == before + sum(2 * 2 * MIRROR_STEP * m.row * 2 for m in mirrors)
+    # the next sequence's calls fit without another reallocation
+    ptrs = [m.k.ptr for m in mirrors]
+    for pos in range(3):
+        _call(hs, p, g, 5, pos, 1)
+    assert [m.k.ptr for m in mirrors] == ptrs
+
+
 def test_a_new_sequence_on_the_id_starts_fresh(hyb_tiny):
     """admit at row 0 over states the id holds elsewhere (no rewind): each state zeroed at row 0
     without its tape and snapshot, as spec.rewind leaves it."""
