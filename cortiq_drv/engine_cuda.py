@@ -193,7 +193,8 @@ class CardEh:
         with hs.lock:
             fx = hs.hfuncs(g.nh // g.nkv, g.hd)
             m = plan.weight(hs, cmf, g.mtp.eh, g.hidden, 2 * g.hidden)
-            self.mv = mma.RowsMatvec(hs.ctx, fx, m, hs.card.new, hs.card.mmaset, "eh projection")
+            # one row a call: buffers for one row
+            self.mv = mma.RowsMatvec(hs.ctx, fx, m, hs.card.new, hs.card.mmaset, "eh projection", chunk=1)
 
     def __call__(self, halves: np.ndarray) -> np.ndarray:
         """The block's input row [hidden] = eh_proj halves [2 hidden] (float32)."""

@@ -277,18 +277,20 @@ def rmsnorm2(ctx, fx, x, w, xf, hidden: int, eps: float, gemma: bool, p: Planes,
 
 
 class RowsMatvec:
-    """y [n][rows] = W x [n][cols] on the card for a repacked q4tp DevMat, NMAX rows a launch,
-    every row as in a one-row call (`rows_matvec`), with its staging row, planes and job table
-    made once for any number of calls. `new(nbytes)` and `sets(jobs)` make the buffers and the
-    job table (default: plain buffers and `mmaset`; the arm passes its Card's); `what` names it
-    in errors."""
+    """y [n][rows] = W x [n][cols] on the card for a repacked q4tp DevMat, `chunk` (<= NMAX) rows
+    a launch, every row as in a one-row call (`rows_matvec`), with its staging rows, planes and
+    job table made once (sized for `chunk` rows) for any number of calls. `new(nbytes)` and
+    `sets(jobs)` make the buffers and the job table (default: plain buffers and `mmaset`; the arm
+    passes its Card's); `what` names it in errors."""
 
-    def __init__(self, ctx, fx, m, new=None, sets=None, what: str = "rows_matvec"):
+    def __init__(self, ctx, fx, m, new=None, sets=None, what: str = "rows_matvec", chunk: int = NMAX):
+        if not 1 <= chunk <= NMAX:
+            raise CortiqError(f"{what}: {chunk} rows a launch, the matvec takes 1..{NMAX}")
         new = new or (lambda nbytes: Buf.new(ctx, nbytes))
-        self.ctx, self.fx, self.m, self.what = ctx, fx, m, what
+        self.ctx, self.fx, self.m, self.what, self.chunk = ctx, fx, m, what, chunk
         self.bufs = []
         try:
-            for nbytes in (NMAX * m.cols * 4, NMAX * m.rows * 4, *[NMAX * m.cols * 2] * 3):
+            for nbytes in (chunk * m.cols * 4, chunk * m.rows * 4, *[chunk * m.cols * 2] * 3):
                 self.bufs.append(new(nbytes))
             _, y, p0, p1, p2 = self.bufs
             self.planes = Planes(p0.ptr, p1.ptr, p2.ptr, m.cols)
@@ -306,8 +308,8 @@ class RowsMatvec:
         ctx, fx, (xin, yout) = self.ctx, self.fx, self.bufs[:2]
         y = np.empty((x.shape[0], self.m.rows), dtype=np.float32)
         # stream order keeps a chunk's upload after the last one's launches and its download
-        for r0 in range(0, x.shape[0], NMAX):
-            k = min(NMAX, x.shape[0] - r0)
+        for r0 in range(0, x.shape[0], self.chunk):
+            k = min(self.chunk, x.shape[0] - r0)
             xin.upload_async(x[r0:r0 + k])
             split(ctx, fx, self.planes, xin, cols, cols, k)
             self.ms.run(ctx, fx, self.planes, cols, k)

@@ -332,6 +332,8 @@ def test_card_eh_on_a_fake_card(hyb_tiny):
     eh = engine_cuda.CardEh(hs, cmf, g)
     assert (cmf.uid, g.mtp.eh.idx) in hs.store().mats
     ptrs = [b.ptr for b in eh.mv.bufs]
+    # one row a call: staging row, output row and the three planes of one row
+    assert [b.bytes for b in eh.mv.bufs] == [2 * g.hidden * 4, g.hidden * 4, *[2 * g.hidden * 2] * 3]
     for _ in range(2):
         ctx.launches.clear()
         assert eh(np.ones(2 * g.hidden, np.float32)).shape == (g.hidden,)
@@ -341,4 +343,8 @@ def test_card_eh_on_a_fake_card(hyb_tiny):
     assert [b.ptr for b in eh.mv.bufs] == ptrs
     with pytest.raises(CortiqError, match="eh projection: rows of width"):
         eh(np.ones(g.hidden, np.float32))
+    from cortiq_drv.hybrid import mma
+
+    with pytest.raises(CortiqError, match=r"17 rows a launch, the matvec takes 1\.\.16"):
+        mma.RowsMatvec(ctx, None, eh.mv.m, chunk=17)
     eh.close()
