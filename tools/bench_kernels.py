@@ -11,7 +11,9 @@ reads them from memory), the bytes it reads (repacked tiles + codes + ladders) p
 ratio to the read bandwidth measured in the same run (a streaming-read kernel), the ratio to the
 one-row time, and cuBLAS f16 GEMM (ctx.gemm, f16 weights, also rotated) on the same shape. Times
 are medians over --reps replays of a captured graph of back-to-back launches (launch gaps
-included, as in a decode step's graph). `--variants all` times every (TB, KS) choice as well;
+included, as in a decode step's graph). `--variants all` times every (TB, KS) choice as well
+(at one and two rows hy_mmv, staged or not where the columns fit, and hy_mmp_1; variant "NT_TB_KS",
+an "s" for hy_mmvs);
 `--define` compiles the kernels with tuning macros (HY_MV_STAGES, HY_MB_*, HY_MV_MB_*) for a
 sweep. Only hyb.cu's weight-side pieces are compiled (mma.weight_side_source).
 """
@@ -188,9 +190,12 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
     try:
         for n in a.rows:
             rule = rot.sets[0].variant(n)
+            rule += (rot.sets[0].pick(ctx, fx, p, n, *rule)[0].name.startswith("hy_mmvs"),)
             nt = rule[0]
-            nts = (0, 1) if nt == 0 else (nt,)  # hy_mmv beside hy_mmp_1 at one or two rows
-            choices = [rule] if a.variants == "rule" else [(v, tb, ks) for v in nts for tb in (1, 2) for ks in (8, 16)]
+            nts = (0, 1) if nt == 0 else (nt,)  # hy_mmv (and hy_mmvs) beside hy_mmp_1 at one or two rows
+            choices = [rule] if a.variants == "rule" else [
+                (v, tb, ks, st) for v in nts for tb in (1, 2) for ks in (8, 16) for st in ((False, True) if v == 0 else (False,))
+                if not st or fx.staged_shape(ctx, tb, ks, cols, n) is not None]
             reps_k = -(-GRAPH_CALLS // len(rot.sets))
             for var in choices:
                 calls = [lambda s=s: s.launch(ctx, fx, p, n, *var) for s in rot.sets] * reps_k
@@ -199,7 +204,7 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
                     t1 = us
                 tbps = rot.bytes / us / 1e6
                 line = dict(bench="hy_mmp", model=model, matrix=name, rows=rows, cols=cols, n=n,
-                            variant="%d_%d_%d" % var, rule=var == rule, us=round(us, 2),
+                            variant="%d_%d_%d" % var[:3] + ("s" if var[3] else ""), rule=var == rule, us=round(us, 2),
                             bytes=rot.bytes, tbps=round(tbps, 3), read_tbps=round(bw, 3),
                             ratio=round(tbps / bw, 3), vs_first_n=round(us / t1, 3) if t1 else None)
                 if var == rule and not a.no_cublas:

@@ -50,6 +50,13 @@ def ring_bytes(ks: int, stages: int) -> int:
     return ks * stages * STAGE_BYTES
 
 
+def staged_b_bytes(cols: int, n: int) -> int:
+    """hy_mmv's staged B (kernels/hyb_mmp_core.cuh, hy_mmp_run with SB) after the rings: the
+    call's 3 n plane columns, hy_sb_stride(cols / 32) bytes apart."""
+    gpr = cols // 32
+    return 3 * n * (gpr * 64 + ((16 - gpr * 64) & 127))
+
+
 def blocks_per_sm(ctx, f, threads: int, dyn_smem: int) -> int:
     """Blocks of `f` an SM holds at once (registers, shared memory, threads)."""
     warps = threads // 32
@@ -64,10 +71,31 @@ def mmp_name(nt: int, tb: int, ks: int) -> str:
     return f"hy_mmv_{tb}_{ks}" if nt == 0 else f"hy_mmp_{nt}_{tb}_{ks}"
 
 
+def mmvs_name(tb: int, ks: int) -> str:
+    """hy_mmv_{TB}_{KS} with its columns staged in shared memory."""
+    return f"hy_mmvs_{tb}_{ks}"
+
+
 # The weight-side kernels that start with pdl_begin() (kernels/common.cuh), launched as
 # programmatic dependents.
 PDL_KERNELS = (*(mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)),
-               "hy_split", "hy_rmsnorm2")
+               *(mmvs_name(tb, ks) for tb in (1, 2) for ks in (8, 16)), "hy_split", "hy_rmsnorm2")
+
+# Groups each block must walk for a one-row call to stage its columns (`stages_b`). H200, 9B
+# shape: staging the down projection (one item of 384 groups a block) and the LM head (about 20
+# items of 128) made a decode step 2.495 against 2.594 ms (device); sets of 128-256 groups a
+# block lost when timed alone (GDN qkv + z 14.1 against 11.6 us, attention q + k + v 15.4
+# against 12.6) and changed the step by nothing measurable.
+STAGE_MIN_GROUPS = 384
+
+
+def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int) -> bool:
+    """Whether a one-row call over `items` work items of `gpr` groups each takes hy_mmvs: its
+    bigger shared memory keeps every block the set could use resident (`ring_cap`, `staged_cap`:
+    blocks resident without and with it), and each block walks STAGE_MIN_GROUPS groups or more,
+    over which the copy pays (the 27B shape's down and head lose blocks: they stay on hy_mmv)."""
+    grid = min(items, staged_cap)
+    return grid >= min(items, ring_cap) and -(-items // grid) * gpr >= STAGE_MIN_GROUPS
 
 
 class MmaFuncs:
@@ -76,7 +104,9 @@ class MmaFuncs:
     `rmsnorm2`, `repack` (the matching fields of the reference's `HFuncs`), `mmp_smem[NT][KS == 16]`,
     each variant's dynamic shared memory (hy_mmv's rings `mv_stages` deep: the module's
     HY_MV_STAGES), and `grid_cap`, the blocks each variant keeps resident on the whole card (its
-    grid walks the work items, so a launch never needs more). PDL_KERNELS are marked `pdl`."""
+    grid walks the work items, so a launch never needs more), and `mmvs[TB - 1][KS == 16]`,
+    `hy_mmvs_{TB}_{KS}` (hy_mmv with its columns staged: its shared memory and blocks by
+    `staged_shape`). PDL_KERNELS are marked `pdl`."""
 
     def __init__(self, ctx, module, mv_stages: int = MV_STAGES):
         self.mmp = [[[module.func(mmp_name(nt, tb, ks)) for ks in (8, 16)] for tb in (1, 2)] for nt in (0, 1, 2)]
@@ -88,11 +118,28 @@ class MmaFuncs:
                     f, smem = self.mmp[nt][tb - 1][ki], self.mmp_smem[nt][ki]
                     f.allow_smem(smem)
                     self.grid_cap[nt][tb - 1][ki] = blocks_per_sm(ctx, f, 32 * ks, smem) * ctx.sm_count
+        # hy_mmvs: all the card allows (its staged columns come on top of hy_mmv's ring)
+        self.mmvs = [[module.func(mmvs_name(tb, ks)) for ks in (8, 16)] for tb in (1, 2)]
+        self.mmvs_shape: dict = {}
+        for f in (f for row in self.mmvs for f in row):
+            f.allow_smem(ctx.smem_optin - f.attr("SHARED_SIZE_BYTES"))
         self.split = module.func("hy_split")
         self.rmsnorm2 = module.func("hy_rmsnorm2")
         self.repack = module.func("hy_repack")
         for name in PDL_KERNELS:
             module.func(name).pdl = True
+
+    def staged_shape(self, ctx, tb: int, ks: int, cols: int, n: int) -> tuple[int, int] | None:
+        """(dynamic shared memory, most blocks worth launching) of hy_mmvs_{tb}_{ks} for n rows
+        `cols` wide; None when the staged columns do not fit beside its rings."""
+        key = (tb, ks, cols, n)
+        got = self.mmvs_shape.get(key, False)
+        if got is False:
+            f = self.mmvs[tb - 1][int(ks == 16)]
+            smem = self.mmp_smem[0][int(ks == 16)] + staged_b_bytes(cols, n)
+            fits = smem + f.attr("SHARED_SIZE_BYTES") <= ctx.smem_optin
+            got = self.mmvs_shape[key] = (smem, blocks_per_sm(ctx, f, 32 * ks, smem) * ctx.sm_count) if fits else None
+        return got
 
 
 def weight_side_source() -> str:
@@ -235,18 +282,34 @@ class MmaSet:
                               f"{self.cols} wide (an even stride)")
         self.launch(ctx, fx, p, n, *self.variant(n))
 
-    def launch(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int) -> None:
-        """Launch variant (nt, tb, ks) over the set (`hy_mmv_{tb}_{ks}` when nt is 0; tests and
+    def launch(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None) -> None:
+        """Launch variant (nt, tb, ks) over the set (`hy_mmv_{tb}_{ks}` when nt is 0, or
+        `hy_mmvs_{tb}_{ks}` when `staged`, by default as `stages_b` rules for one row; tests and
         benchmarks pick variants; the arithmetic depends on `ks` alone)."""
-        if n > rows_cap(nt):
-            raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: at most {rows_cap(nt)} rows, got {n}")
+        f, smem, cap = self.pick(ctx, fx, p, n, nt, tb, ks, staged)
         key = (tb, p, n)
         args = self._args.get(key)
         if args is None:
             args = self._args[key] = JobArgs(self.jobs[tb - 1], p, n, self.cols)
+        ctx.launch(f, (min(self.blocks[tb - 1], cap), 1), 32 * ks, smem, args)
+
+    def pick(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None):
+        """(kernel, dynamic shared memory, most blocks worth launching) of `launch`'s call."""
+        if n > rows_cap(nt):
+            raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: at most {rows_cap(nt)} rows, got {n}")
         ki = int(ks == 16)
-        grid = min(self.blocks[tb - 1], fx.grid_cap[nt][tb - 1][ki])
-        ctx.launch(fx.mmp[nt][tb - 1][ki], (grid, 1), 32 * ks, fx.mmp_smem[nt][ki], args)
+        f, smem, cap = fx.mmp[nt][tb - 1][ki], fx.mmp_smem[nt][ki], fx.grid_cap[nt][tb - 1][ki]
+        if nt == 0 and staged is not False:
+            aligned = (p.p0 | p.p1 | p.p2) % 16 == 0 and (n == 1 or p.stride % 8 == 0)
+            shape = fx.staged_shape(ctx, tb, ks, self.cols, n) if aligned else None
+            if staged is None:
+                staged = n == 1 and shape is not None and stages_b(self.blocks[tb - 1], self.cols // 32, cap, shape[1])
+            elif shape is None:
+                raise CortiqError(f"hy_mmvs_{tb}_{ks}: {n} rows {self.cols} wide need 16-byte aligned planes "
+                                  f"(a stride of 8) and room for their columns beside the rings")
+            if staged:
+                f, (smem, cap) = fx.mmvs[tb - 1][ki], shape
+        return f, smem, cap
 
 
 def mmaset(ctx, list_) -> MmaSet:

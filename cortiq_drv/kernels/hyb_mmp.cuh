@@ -306,14 +306,21 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
 //   blocks an SM, so more warps hide the tile loop's latencies. Launch: block 32 * KS threads,
 //   dynamic shared memory KS * HY_MV_STAGES * HY_STAGE bytes (traps when given less); traps when
 //   n > 2. Assumptions as hy_mmp.
-template <int TB, int KS>
+// hy_mmvs_{TB}_{KS}: hy_mmv_{TB}_{KS} with the call's B staged (SB, see hy_mmp_run): each warp
+//   first copies its groups of the 3 n plane columns into shared memory after the rings, then
+//   reads them there with ldmatrix rather than from L2 a group ahead (the same values, so the
+//   same bits). For blocks that walk many groups (a long K, or many items a block), where that
+//   latency is not hidden. Launch as hy_mmv with 3 n hy_sb_stride(cols / 32) more bytes of dynamic
+//   shared memory (traps when given less); planes 16-byte aligned and, at two rows, xs % 8 == 0.
+template <int TB, int KS, bool SB>
 __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                        const bf16* p2, int xs, int n, int cols) {
     __shared__ HySmem<3, TB, KS> sm;
     if (n > 2) asm volatile("trap;");
-    const int total = hy_items<TB>(jobs, nj, KS * HY_MV_STAGES * HY_STAGE);
+    const int sb = SB ? 3 * n * hy_sb_stride(cols >> 5) : 0;
+    const int total = hy_items<TB>(jobs, nj, KS * HY_MV_STAGES * HY_STAGE + sb);
     if ((int)blockIdx.x >= total) return;
-    hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
+    hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, SB>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
 }
 
 // Blocks an SM should fit of each (NT, KS) and of hy_mmv's KS: caps the registers (ptxas -v
@@ -352,13 +359,17 @@ HY_MMP(2, 1, 16)
 HY_MMP(2, 2, 8)
 HY_MMP(2, 2, 16)
 
-#define HY_MMV(TB, KS)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * KS, HY_MV_MB_##KS) hy_mmv_##TB##_##KS(             \
+#define HY_MMV(NAME, SB, TB, KS)                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * KS, HY_MV_MB_##KS) NAME##_##TB##_##KS(             \
         const __grid_constant__ HyJobs jt, int nj, const bf16* p0, const bf16* p1, const bf16* p2, int xs, int n, \
         int cols) {                                                                                     \
-        hy_mmv<TB, KS>(jt.j, nj, p0, p1, p2, xs, n, cols);                                              \
+        hy_mmv<TB, KS, SB>(jt.j, nj, p0, p1, p2, xs, n, cols);                                          \
     }
-HY_MMV(1, 8)
-HY_MMV(1, 16)
-HY_MMV(2, 8)
-HY_MMV(2, 16)
+HY_MMV(hy_mmv, false, 1, 8)
+HY_MMV(hy_mmv, false, 1, 16)
+HY_MMV(hy_mmv, false, 2, 8)
+HY_MMV(hy_mmv, false, 2, 16)
+HY_MMV(hy_mmvs, true, 1, 8)
+HY_MMV(hy_mmvs, true, 1, 16)
+HY_MMV(hy_mmvs, true, 2, 8)
+HY_MMV(hy_mmvs, true, 2, 16)

@@ -87,12 +87,21 @@ __device__ __forceinline__ void hy_ldb(u32 (*b)[4], const u32* const* bq, int of
     }
 }
 
+// Bytes between two columns of hy_mmv's staged B (hy_mmp_run with SB): a column's 64 bytes a
+// group, then 16 or 80 more, so each column starts 16 bytes (mod 128) after the one before it and
+// the 8 rows an ldmatrix reads (columns 0..7 of a group's k-octet) fall in distinct banks.
+__device__ __forceinline__ int hy_sb_stride(int gpr) { return gpr * 64 + ((16 - gpr * 64) & 127); }
+
 // hy_mmp's work for calls whose columns fill NTC n-tiles (NTC = ceil(3 n / 8)), each warp's ring
-// S stages deep; see hy_mmp. The sums and their order depend on KS alone.
-template <int NC, int NTC, int TB, int KS, int S>
+// S stages deep; see hy_mmp. The sums and their order depend on KS alone. With SB (one n-tile):
+// the block first stages the call's 3 n columns whole (all groups) after the warps' rings, column
+// c at c hy_sb_stride(gpr), and the warps read each group's B fragments there with ldmatrix
+// instead of from L2 (the same values, so the same sums); planes 16-byte aligned, xs % 8 == 0.
+template <int NC, int NTC, int TB, int KS, int S, bool SB = false>
 __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                            const bf16* p2, int xs, int n, int cols, int total,
                                            HySmem<NC, TB, KS>& sm) {
+    static_assert(!SB || NTC == 1, "staged B: one n-tile");
     // GS groups a stage (4 units: 2 groups of both tiles, or 4 groups of one tile)
     constexpr int GS = 4 / TB, STAGE = HY_STAGE;
     constexpr int LE = TB * 512 / (KS * 32);
@@ -116,6 +125,11 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         const bf16* base = p == 0 ? p0 : (p == 1 ? p1 : p2);
         bq[j] = (const u32*)(base + (size_t)(r < n ? r : 0) * xs + (size_t)g_lo * 32 + 2 * (lane & 3));
     }
+    // SB: the staged columns, and this lane's ldmatrix row at the warp's first group: column
+    // lane & 7 (past the call's 3 n columns: the last one, read, unused), k-octet lane >> 3
+    const int sbs = hy_sb_stride(gpr);
+    const u32 bsm = (u32)__cvta_generic_to_shared(hy_ring) + KS * S * STAGE;
+    const u32 bsl = bsm + (u32)(min(lane & 7, 3 * n - 1) * sbs + g_lo * 64 + (lane >> 3) * 16);
     const float* lrow = &sm.lad[0][gid][0];
     // the item being fetched: its job, tiles, this lane's copy sources and the rows left from its
     // first tile. Stage i holds units u = 0..3 (256 weight bytes each, then their 16 code bytes):
@@ -189,6 +203,13 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     // first group's (the same for every item: the columns and the warp's groups do not change)
     // are loaded before its rung table is stored, the first item's after pdl_begin
     u32 bb[2][NTC][4];
+    auto ldb = [&](u32 (*b)[4], int gr, bool ok) {
+        if (SB) {
+            if (ok) ldsm4(b[0], bsl + gr * 64);
+        } else {
+            hy_ldb<NTC>(b, bq, gr * 16, ok);
+        }
+    };
     // the first item's weights in flight and its rung table made (from data no kernel writes)
     // before pdl_begin; the activations and the residual after it
     locate(bi);
@@ -197,7 +218,20 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     lad_store();
     pdl_begin();
     pf_res();
-    if (PF) hy_ldb<NTC>(bb[0], bq, 0, ng > 0);
+    if (SB) {
+        // the warp's own groups of the call's columns (only its lanes read them), 16 bytes a
+        // copy, as one more cp.async group, waited for with the first stages (issued before it)
+        for (int c = 0; c < 3 * n; ++c) {
+            const int r = c / 3, p = c - 3 * r;
+            const bf16* src = (p == 0 ? p0 : (p == 1 ? p1 : p2)) + (size_t)r * xs + (size_t)g_lo * 32;
+            const u32 dst = bsm + (u32)(c * sbs + g_lo * 64);
+            for (int k = lane; k < ng * 4; k += 32) cp_async16(dst + k * 16, src + k * 8);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncwarp();
+    }
+    if (PF) ldb(bb[0], 0, ng > 0);
     __syncthreads();
     for (;;) {
         float acc[TB][NTC][4];
@@ -220,9 +254,9 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
                 if (!whole && gr >= ng) break;
                 u32 (*bc)[4] = bb[gu & 1];
                 if (PF)
-                    hy_ldb<NTC>(bb[(gu + 1) & 1], bq, (gr + 1) * 16, gr + 1 < ng);
+                    ldb(bb[(gu + 1) & 1], gr + 1, gr + 1 < ng);
                 else
-                    hy_ldb<NTC>(bc, bq, gr * 16, true);
+                    ldb(bc, gr, true);
                 // both tiles of the group (TB 2; a tile past the matrix computes stale ring
                 // bytes, its codes < 256 indexing inside sm, into sums never stored), or the one
                 // tile
@@ -282,7 +316,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         }
         hy_epilogue<NC, TB, KS>(jobs[oji], otile0, onvt, sm.out, n);
         if (bn >= total) break;
-        if (PF) hy_ldb<NTC>(bb[0], bq, 0, ng > 0);
+        if (PF) ldb(bb[0], 0, ng > 0);
         lad_store();
         __syncthreads();
         bi = bn;

@@ -21,8 +21,13 @@ from cortiq_drv.hybrid.repack import (pair_map, planes_bytes, random_q4tp, repac
                                       repack_q4tp, repack_rows, repack_rows_on_card)
 
 pytestmark = pytest.mark.gpu
-# NT 0: hy_mmv (one or two rows), 1 and 2: hy_mmp_{NT}
-VARIANTS = [(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)]
+# (NT, TB, KS, staged): NT 0: hy_mmv (one or two rows; staged: hy_mmvs), 1 and 2: hy_mmp_{NT}
+VARIANTS = [(nt, tb, ks, st) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16) for st in (False, True)
+            if nt == 0 or not st]
+
+
+def vid(v):
+    return "%d_%d_%d" % v[:3] + ("s" if v[3] else "")
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +129,9 @@ def two_mats(store, cols, rng):
 
 
 @pytest.mark.parametrize("cols", [1056, 4096])
-@pytest.mark.parametrize("var", VARIANTS, ids=lambda v: "%d_%d_%d" % v)
+@pytest.mark.parametrize("var", VARIANTS, ids=vid)
 def test_mmp_matches_decode(ctx, fx, store, bufs, cols, var):
-    rng = np.random.default_rng(cols + 100 * var[0] + 10 * var[1] + var[2])
+    rng = np.random.default_rng(cols + 100 * var[0] + 10 * var[1] + var[2] + 1000 * var[3])
     (ma, wa), (mb, wb) = two_mats(store, cols, rng)
     ya, yb = Buf.new(ctx, 16 * 48 * 4), Buf.new(ctx, 16 * 20 * 4)
     res = rng.standard_normal((16, 20)).astype(np.float32)
@@ -150,7 +155,7 @@ def test_mmp_matches_decode(ctx, fx, store, bufs, cols, var):
     assert worst <= 2e-6, f"hy_mmp_{var}: relative RMS {worst:.3g}"
 
 
-@pytest.mark.parametrize("var", VARIANTS, ids=lambda v: "%d_%d_%d" % v)
+@pytest.mark.parametrize("var", VARIANTS, ids=vid)
 def test_residual_in_place(ctx, fx, store, bufs, var):
     rng = np.random.default_rng(5 + var[0] + var[1] + var[2])
     cols = 1056
@@ -167,7 +172,7 @@ def test_residual_in_place(ctx, fx, store, bufs, var):
     assert err <= 2e-6, f"residual in place: relative RMS {err:.3g}"
 
 
-@pytest.mark.parametrize("var", VARIANTS, ids=lambda v: "%d_%d_%d" % v)
+@pytest.mark.parametrize("var", VARIANTS, ids=vid)
 def test_pair_epilogue(ctx, fx, store, bufs, var):
     rng = np.random.default_rng(11 + var[0] + 2 * var[1] + var[2])
     inter, cols = 40, 1056
@@ -201,13 +206,14 @@ def test_rows_bit_for_bit_in_any_call(ctx, fx, store, bufs, ks, cols):
     x = rng.standard_normal((16, cols)).astype(np.float32)
     one = np.stack([launch(ctx, fx, ms, planes(ctx, x[i:i + 1], bufs), 1, (1, 1, ks), y)[:40]
                     for i in range(16)])
-    for nt, tb in [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)]:
+    for nt, tb, st in [(0, 1, False), (0, 2, False), (0, 1, True), (0, 2, True), (1, 1, False), (1, 2, False),
+                       (2, 1, False), (2, 2, False)]:
         for n in [1, 2, 3, 5, 8, 9, 13, 16]:
             if n > mma.rows_cap(nt):
                 continue
-            got = launch(ctx, fx, ms, planes(ctx, x[:n], bufs), n, (nt, tb, ks), y).reshape(16, 40)
-            assert got[:n].tobytes() == one[:n].tobytes(), f"{nt}_{tb}_{ks} n={n}"
-            rev = launch(ctx, fx, ms, planes(ctx, x[:n][::-1].copy(), bufs), n, (nt, tb, ks), y)
+            got = launch(ctx, fx, ms, planes(ctx, x[:n], bufs), n, (nt, tb, ks, st), y).reshape(16, 40)
+            assert got[:n].tobytes() == one[:n].tobytes(), f"{nt}_{tb}_{ks} staged={st} n={n}"
+            rev = launch(ctx, fx, ms, planes(ctx, x[:n][::-1].copy(), bufs), n, (nt, tb, ks, st), y)
             assert rev.reshape(16, 40)[:n][::-1].tobytes() == one[:n].tobytes(), f"reversed n={n}"
 
 

@@ -214,6 +214,48 @@ def test_mmp_launches_take_their_variants_ring():
     assert [s for _, _, s in ctx.launches] == [ks * (6 if nt == 0 else stages) * stage for nt, tb, ks in variants]
 
 
+def test_one_row_calls_stage_their_columns_where_it_pays():
+    """stages_b on the shapes it was measured on (132 SMs), and the launches it picks: hy_mmvs
+    with the ring and the staged columns (hyb_mmp_core.cuh's hy_sb_stride: 64 bytes a group,
+    columns 16 bytes mod 128 apart), hy_mmv otherwise; a forced staging that cannot be is refused."""
+    import _fakecard
+
+    assert mma.stages_b(128, 384, 264, 132)  # 9B down: one item of 384 groups a block
+    assert mma.stages_b(7760, 128, 396, 396)  # 9B LM head: about 20 items of 128
+    assert not mma.stages_b(768, 128, 396, 396)  # 9B gate/up: two items of 128
+    assert not mma.stages_b(160, 544, 264, 132)  # 27B down: 28 items would wait for a second round
+    assert not mma.stages_b(7760, 160, 396, 264)  # 27B LM head: a block an SM fewer
+    for gpr in (1, 2, 3, 128, 384, 544):
+        per = mma.staged_b_bytes(32 * gpr, 1) // 3
+        assert per >= 64 * gpr and per % 128 == 16 and per - 64 * gpr < 128
+
+    class SmemCtx(_fakecard.FakeCtx):
+        def launch(self, f, grid, block, smem, args):
+            self.launches.append((f.name, grid[0], smem))
+
+    class Wide(_Mat):
+        cols = 12288
+
+    ctx = SmemCtx()
+    fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
+    ms = mma.MmaSet(ctx, [mma.JobSpec(Wide(4096, 0x1000), 0xA000, 0, 4096, 4096)], mma.KIND_Q4TP)
+    ring = mma.ring_bytes(16, mma.MV_STAGES)
+    p = mma.Planes(0x10000, 0x20000, 0x30000, 12288)
+    ms.run(ctx, fx, p, 12288, 1)
+    ms.run(ctx, fx, p, 12288, 2)
+    ms.launch(ctx, fx, p, 2, 0, 2, 16, staged=True)
+    ms.launch(ctx, fx, p, 1, 0, 2, 16, staged=False)
+    one, two = mma.staged_b_bytes(12288, 1), mma.staged_b_bytes(12288, 2)
+    assert ctx.launches == [("hy_mmvs_2_16", 128, ring + one), ("hy_mmv_2_16", 128, ring),
+                            ("hy_mmvs_2_16", 128, ring + two), ("hy_mmv_2_16", 128, ring)]
+    odd = mma.Planes(0x10008, 0x20000, 0x30000, 12288)
+    ctx.launches.clear()
+    ms.run(ctx, fx, odd, 12288, 1)
+    assert ctx.launches == [("hy_mmv_2_16", 128, ring)]
+    with pytest.raises(CortiqError, match="16-byte aligned"):
+        ms.launch(ctx, fx, odd, 1, 0, 2, 16, staged=True)
+
+
 def test_hfuncs_keeps_the_weight_side_fields():
     """HFuncs adds the arm's kernels to MmaFuncs without shadowing any of its fields (a kernel
     named like one replaced the matvec's shared memory table once)."""

@@ -51,6 +51,7 @@ def test_wait_comes_before_any_global_access(entries):
     # kernel of the step writes; see hyb_mmp.cuh): before their first wait only cp.async and
     # plain loads (the weight stages, the ladders)
     matvecs = {mma.mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)}
+    matvecs |= {mma.mmvs_name(tb, ks) for tb in (1, 2) for ks in (8, 16)}
     for k in (set(mma.PDL_KERNELS) | set(launch.PDL_KERNELS)) - matvecs:
         body = entries[k]
         first = _GLOBAL.search(body)
