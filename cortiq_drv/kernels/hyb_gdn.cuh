@@ -44,14 +44,22 @@ __device__ __forceinline__ float gdn_decay(float a, float a_log, float dt_bias) 
 //   in_proj_a / in_proj_b); a_log, dt_bias [nv] f32; gb [n][2*nv] f32 out.
 // Grid (cdim/dk + 2*nv, n), block max(dk, 64) threads (a multiple of 32). Assumes cdim % dk == 0
 // (dv == dk) and dk <= 1024. Reads the ring, does not move it (the scan does, after).
+// PDL: the block's taps and ring lines, or its gate row, go to L2 (pf_l2) before pdl_begin.
 extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* ring, const float* taps, float* cq,
                                         int n, int cdim, int kk, int nk, int dk, const float* xn, int hidden,
                                         const float* aw, const float* bw, const float* a_log,
                                         const float* dt_bias, float* gb, int nv) {
-    pdl_begin();
     __shared__ float red[32];
     const int r = blockIdx.y, u = blockIdx.x, t = threadIdx.x;
     const int units = cdim / dk;
+    if (u < units && t < dk) {
+        pf_l2(taps + (size_t)(u * dk + t) * kk);
+        for (int j = r; j < kk - 1; ++j) pf_l2(ring + (size_t)j * cdim + u * dk + t);
+    } else if (u >= units) {
+        const float* w = (u - units >= nv ? bw : aw) + (size_t)((u - units) % nv) * hidden;
+        for (int c = 32 * t; c < hidden; c += 32 * (int)blockDim.x) pf_l2(w + c);
+    }
+    pdl_begin();
     if (r >= n) return;
     if (u < units) {
         const int c = u * dk + t;
@@ -279,11 +287,16 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
 // only when kk > 1) move the conv ring.
 // Pointers: hy_gdn_scan4's (cq .. save), then hy_gdn_out32's (z .. ps; o is the scan's).
 // Grid (nv + ring blocks, 1), block 4 * dv threads. Assumes dv % 32 == 0, dv <= 128, nv % nk == 0.
+// PDL: the head's state lines (128 dv floats) go to L2 (pf_l2) before pdl_begin.
 extern "C" __global__ void __launch_bounds__(512)
     hy_gdn_scan4_out32(const float* cq, const float* gb, float* S, float* o, int n, int cdim, int nv, int nk, int dv,
                        float* ring, const float* qkv, int qs, int kk, float* save, const float* z, int zs,
                        const float* norm, float* of, float eps, int sig, int gemma, bf16* p0, bf16* p1, bf16* p2,
                        int ps) {
+    if ((int)blockIdx.x < nv) {
+        const float* sh = S + (size_t)blockIdx.x * 128 * dv;
+        for (int k = threadIdx.x; k < 4 * dv; k += blockDim.x) pf_l2(sh + (size_t)k * 32);
+    }
     pdl_begin();
     __shared__ float ored[16];
     if ((int)blockIdx.x >= nv) {

@@ -16,12 +16,13 @@ from cortiq_drv.cu.nvrtc import Func
 from cortiq_drv.hybrid import launch, mma
 from cortiq_drv.kernels import source
 
-# Global memory traffic in PTX: cp.async from global, and generic loads and stores (no state space).
-_GLOBAL = re.compile(r"\b(ld\.global|st\.global|atom\.|red\.|cp\.async\.c[ag]\.shared\.global|prefetch\.global"
-                     r"|(?:ld|st)\.(?!shared|param|local|const|global)\w)")
+# Global memory traffic in PTX: cp.async from global, L1 prefetches, and generic loads and stores
+# (no state space). An L2 prefetch (pf_l2) is not: it reads nothing into the kernel.
+_GLOBAL = re.compile(r"\b(ld\.global|st\.global|atom\.|red\.|cp\.async\.c[ag]\.shared\.global"
+                     r"|prefetch\.global\.L1|(?:ld|st)\.(?!shared|param|local|const|global)\w)")
 # What a matvec may not do before it waits: read activations (ld.global.nc, __ldg), prefetch the
-# residual, write or update global memory.
-_MATVEC_AFTER = re.compile(r"\b(ld\.global\.nc|prefetch\.global|st\.global|atom\.|red\.|(?:ld|st)\.(?!shared|param|local|const|global)\w)")
+# residual into L1, write or update global memory.
+_MATVEC_AFTER = re.compile(r"\b(ld\.global\.nc|prefetch\.global\.L1|st\.global|atom\.|red\.|(?:ld|st)\.(?!shared|param|local|const|global)\w)")
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +53,15 @@ def test_wait_comes_before_any_global_access(entries):
     # plain loads (the weight stages, the ladders)
     matvecs = {mma.mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)}
     matvecs |= {mma.mmvs_name(tb, ks) for tb in (1, 2) for ks in (8, 16)}
+    # the attention kernels read their call record's n0 and rb from L2 first (att_rows_pf: they
+    # only steer L2 prefetches), nothing else
+    record = {"hy_scores", "hy_values"}
     for k in (set(mma.PDL_KERNELS) | set(launch.PDL_KERNELS)) - matvecs:
         body = entries[k]
-        first = _GLOBAL.search(body)
-        assert first is not None and body.index("griddepcontrol.wait") < first.start(), k
+        wait = body.index("griddepcontrol.wait")
+        early = [body[m.start():].split(None, 1)[0] for m in _GLOBAL.finditer(body[:wait])]
+        assert early == (["ld.global.cg.s32"] * 2 if k in record else []), (k, early)
+        assert _GLOBAL.search(body, wait) is not None, k
     for k in matvecs:
         body = entries[k]
         early = _MATVEC_AFTER.search(body[:body.index("griddepcontrol.wait")])
@@ -97,3 +103,12 @@ def test_pdl_launch_failure_names_the_kernel(monkeypatch):
     with pytest.raises(Exception, match=r"cuLaunchKernelEx: CUDA_ERROR_INVALID_VALUE \(hy_qk \(programmatic\) "
                                         r"grid=\(1, 2, 1\)"):
         driver.launch_kernel_pdl(None, (1, 2, 1), (64, 1, 1), 0, None, 0, "hy_qk")
+
+
+def test_state_and_gate_rows_go_to_l2_before_the_wait(entries):
+    # the GDN front's taps, ring and gate rows, the scan's state and attention's K / V mirror
+    # rows, fetched while the kernel before still runs (pf_l2: prefetch.global.L2, allowed ahead
+    # of the wait)
+    for k in ("hy_gdn_front", "hy_gdn_scan4_out32", "hy_scores", "hy_values"):
+        body = entries[k]
+        assert body.index("prefetch.global.L2") < body.index("griddepcontrol.wait"), k
