@@ -88,11 +88,8 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
         rows = jb.rows;
         nvt = min(T, ((rows + 15) >> 4) - tile0);
         const int r0 = (tile0 + tw) * 16 + gid, r1 = r0 + 8;
-        const float* ls = (const float*)jb.aux1;
-        lo0 = r0 < jb.rows ? ls[2 * r0] : -__int_as_float(0x7f800000);
-        st0 = r0 < jb.rows ? ls[2 * r0 + 1] : 0.0f;
-        lo1 = r1 < jb.rows ? ls[2 * r1] : -__int_as_float(0x7f800000);
-        st1 = r1 < jb.rows ? ls[2 * r1 + 1] : 0.0f;
+        hy_lad((const float*)jb.aux1, r0, rows, lo0, st0);
+        hy_lad((const float*)jb.aux1, r1, rows, lo1, st1);
 #pragma unroll
         for (int it = 0; it < NIT; ++it) {
             const int k = tid + it * TH;
@@ -323,8 +320,9 @@ __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0
     hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, SB>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
 }
 
-// Blocks an SM should fit of each (NT, KS) and of hy_mmv's KS: caps the registers (ptxas -v
-// reports them).
+// Blocks an SM should fit of each (NT, KS), of hy_mmv's KS and of hy_mmvs' (whose staged columns
+// leave room for fewer: the 9B down's 165 KB one at KS 16, where 80 registers, against 64, spill
+// nothing): caps the registers (ptxas -v reports them).
 #ifndef HY_MB_1_8
 #define HY_MB_1_8 2
 #endif
@@ -343,6 +341,12 @@ __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0
 #ifndef HY_MV_MB_16
 #define HY_MV_MB_16 2
 #endif
+#ifndef HY_MVS_MB_8
+#define HY_MVS_MB_8 3
+#endif
+#ifndef HY_MVS_MB_16
+#define HY_MVS_MB_16 1
+#endif
 
 #define HY_MMP(NT, TB, KS)                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * KS, HY_MB_##NT##_##KS) hy_mmp_##NT##_##TB##_##KS(  \
@@ -359,17 +363,17 @@ HY_MMP(2, 1, 16)
 HY_MMP(2, 2, 8)
 HY_MMP(2, 2, 16)
 
-#define HY_MMV(NAME, SB, TB, KS)                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * KS, HY_MV_MB_##KS) NAME##_##TB##_##KS(             \
+#define HY_MMV(NAME, SB, MB, TB, KS)                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * KS, MB) NAME##_##TB##_##KS(                         \
         const __grid_constant__ HyJobs jt, int nj, const bf16* p0, const bf16* p1, const bf16* p2, int xs, int n, \
         int cols) {                                                                                     \
         hy_mmv<TB, KS, SB>(jt.j, nj, p0, p1, p2, xs, n, cols);                                          \
     }
-HY_MMV(hy_mmv, false, 1, 8)
-HY_MMV(hy_mmv, false, 1, 16)
-HY_MMV(hy_mmv, false, 2, 8)
-HY_MMV(hy_mmv, false, 2, 16)
-HY_MMV(hy_mmvs, true, 1, 8)
-HY_MMV(hy_mmvs, true, 1, 16)
-HY_MMV(hy_mmvs, true, 2, 8)
-HY_MMV(hy_mmvs, true, 2, 16)
+HY_MMV(hy_mmv, false, HY_MV_MB_8, 1, 8)
+HY_MMV(hy_mmv, false, HY_MV_MB_16, 1, 16)
+HY_MMV(hy_mmv, false, HY_MV_MB_8, 2, 8)
+HY_MMV(hy_mmv, false, HY_MV_MB_16, 2, 16)
+HY_MMV(hy_mmvs, true, HY_MVS_MB_8, 1, 8)
+HY_MMV(hy_mmvs, true, HY_MVS_MB_16, 1, 16)
+HY_MMV(hy_mmvs, true, HY_MVS_MB_8, 2, 8)
+HY_MMV(hy_mmvs, true, HY_MVS_MB_16, 2, 16)

@@ -173,13 +173,13 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         cp_async16_if(okc, slot + 1024 + (lane & 3) * 16, cl + (size_t)i * (GS * 16));
         cp_async_commit();
     };
-    // the residual an epilogue thread adds first (hy_epilogue's k = tid), to L1 with the item's
-    // first stages
+    // the residual an epilogue thread adds first (hy_epilogue's k = tid, 16 rows a tile), to L1
+    // with the item's first stages (a pair's res is an output plane: nothing to fetch)
     auto pf_res = [&]() {
         const HyJob& jb = jobs[ji];
-        const int per = (jb.kind & HY_PAIR) ? 8 : 16, k = tid;
-        if (!jb.res || per == 8 || k >= n * TB * per) return;
-        const int r = k / (TB * per), t = (k / per) % TB, row = (tile0 + t) * 16 + k % per;
+        const int k = tid;
+        if (!jb.res || (jb.kind & HY_PAIR) || k >= n * TB * 16) return;
+        const int r = k / (TB * 16), t = (k / 16) % TB, row = (tile0 + t) * 16 + k % 16;
         if (t < nvt && row < jb.rows) hy_pf_l1((const float*)jb.res + (size_t)r * jb.ystride + row);
     };
     // the item's ladder table: this thread's entries k = tid + e KS 32 of lad (row params
