@@ -269,7 +269,7 @@ class MmaSet:
         self.jobs = [t for t, _ in tables]
         self.blocks = [b for _, b in tables]
         self.ks16, self.tb1 = set_rules([s.rows for s in list_])
-        self._args = {}
+        self._calls = {}  # (fx, nt, tb, ks, staged, planes, n): ctx.launch's arguments
 
     def variant(self, n: int) -> tuple[int, int, int]:
         """(NT, TB, KS) of a call with `n` rows (`MmaSet::run`'s choice)."""
@@ -286,12 +286,13 @@ class MmaSet:
         """Launch variant (nt, tb, ks) over the set (`hy_mmv_{tb}_{ks}` when nt is 0, or
         `hy_mmvs_{tb}_{ks}` when `staged`, by default as `stages_b` rules for one row; tests and
         benchmarks pick variants; the arithmetic depends on `ks` alone)."""
-        f, smem, cap = self.pick(ctx, fx, p, n, nt, tb, ks, staged)
-        key = (tb, p, n)
-        args = self._args.get(key)
-        if args is None:
-            args = self._args[key] = JobArgs(self.jobs[tb - 1], p, n, self.cols)
-        ctx.launch(f, (min(self.blocks[tb - 1], cap), 1), 32 * ks, smem, args)
+        key = (fx, nt, tb, ks, staged, p, n)
+        call = self._calls.get(key)
+        if call is None:
+            f, smem, cap = self.pick(ctx, fx, p, n, nt, tb, ks, staged)
+            args = JobArgs(self.jobs[tb - 1], p, n, self.cols)
+            call = self._calls[key] = (f, (min(self.blocks[tb - 1], cap), 1), 32 * ks, smem, args)
+        ctx.launch(*call)
 
     def pick(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None):
         """(kernel, dynamic shared memory, most blocks worth launching) of `launch`'s call."""
