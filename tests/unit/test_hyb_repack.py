@@ -155,7 +155,7 @@ def test_every_mmp_variant_is_an_entry_point():
     except NvrtcError as e:
         pytest.skip(f"NVRTC cannot be loaded: {e}")
     names = [f"hy_mmp_{nt}_{tb}_{ks}" for nt in (1, 2) for tb in (1, 2) for ks in (8, 16)]
-    names += [f"hy_mmv_{tb}_{ks}" for tb in (1, 2) for ks in (8, 16)]
+    names += [f"hy_mmv{s}_{tb}_{ks}" for s in ("", "s") for tb in (1, 2) for ks in (8, 16)]
     for name in names + ["hy_repack", "hy_split", "hy_rmsnorm2"]:
         assert name.encode() + b"\0" in cubin, name
 
