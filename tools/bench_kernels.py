@@ -14,7 +14,7 @@ are medians over --reps replays of a captured graph of back-to-back launches (la
 included, as in a decode step's graph). `--variants all` times every (TB, KS) choice as well
 (at one and two rows hy_mmv, staged or not where the columns fit, and hy_mmp_1; variant "NT_TB_KS",
 an "s" for hy_mmvs);
-`--define` compiles the kernels with tuning macros (HY_MV_STAGES, HY_MB_*, HY_MV_MB_*) for a
+`--define` compiles the kernels with tuning macros (HY_MV_STAGES, HY_MB_*, HY_MV_MB_*, HY_MVS_MB_*) for a
 sweep. Only hyb.cu's weight-side pieces are compiled (mma.weight_side_source).
 """
 
@@ -187,15 +187,19 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
         b.memset(0x3F)
     p = mma.Planes(planes[0].ptr, planes[1].ptr, planes[2].ptr, cols)
     t1 = None
+
+    def stagings(v, tb, ks, n):
+        """hy_mmv unstaged, and staged too where its columns fit."""
+        return [False] + ([True] if v == 0 and fx.staged_shape(tb, ks, cols, n) else [])
+
     try:
         for n in a.rows:
             rule = rot.sets[0].variant(n)
-            rule += (rot.sets[0].pick(ctx, fx, p, n, *rule)[0].name.startswith("hy_mmvs"),)
+            rule += (rot.sets[0].pick(fx, p, n, *rule)[0].name.startswith("hy_mmvs"),)
             nt = rule[0]
             nts = (0, 1) if nt == 0 else (nt,)  # hy_mmv (and hy_mmvs) beside hy_mmp_1 at one or two rows
             choices = [rule] if a.variants == "rule" else [
-                (v, tb, ks, st) for v in nts for tb in (1, 2) for ks in (8, 16) for st in ((False, True) if v == 0 else (False,))
-                if not st or fx.staged_shape(ctx, tb, ks, cols, n) is not None]
+                (v, tb, ks, st) for v in nts for tb in (1, 2) for ks in (8, 16) for st in stagings(v, tb, ks, n)]
             reps_k = -(-GRAPH_CALLS // len(rot.sets))
             for var in choices:
                 calls = [lambda s=s: s.launch(ctx, fx, p, n, *var) for s in rot.sets] * reps_k

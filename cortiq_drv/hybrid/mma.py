@@ -57,12 +57,13 @@ def staged_b_bytes(cols: int, n: int) -> int:
     return 3 * n * (gpr * 64 + ((16 - gpr * 64) & 127))
 
 
-def blocks_per_sm(ctx, f, threads: int, dyn_smem: int) -> int:
-    """Blocks of `f` an SM holds at once (registers, shared memory, threads)."""
+def blocks_per_sm(smem_optin: int, f, threads: int, dyn_smem: int) -> int:
+    """Blocks of `f` an SM holds at once (registers, shared memory: `smem_optin` a block at most,
+    threads)."""
     warps = threads // 32
     regs_warp = -(-f.attr("NUM_REGS") * 32 // 256) * 256
     by_regs = _SM_REGS // (regs_warp * warps)
-    by_smem = (ctx.smem_optin + 1024) // (f.attr("SHARED_SIZE_BYTES") + dyn_smem + 1024)
+    by_smem = (smem_optin + 1024) // (f.attr("SHARED_SIZE_BYTES") + dyn_smem + 1024)
     return max(1, min(by_regs, by_smem, _SM_THREADS // threads))
 
 
@@ -109,6 +110,8 @@ class MmaFuncs:
     `staged_shape`). PDL_KERNELS are marked `pdl`."""
 
     def __init__(self, ctx, module, mv_stages: int = MV_STAGES):
+        # the card's limits, kept here: launches may go through a wrapper of the context (KtCtx)
+        self.smem_optin, self.sm_count = ctx.smem_optin, ctx.sm_count
         self.mmp = [[[module.func(mmp_name(nt, tb, ks)) for ks in (8, 16)] for tb in (1, 2)] for nt in (0, 1, 2)]
         self.mmp_smem = [[ring_bytes(ks, mv_stages if nt == 0 else RING_STAGES) for ks in (8, 16)] for nt in (0, 1, 2)]
         self.grid_cap = [[[0, 0], [0, 0]] for _ in range(3)]
@@ -117,7 +120,7 @@ class MmaFuncs:
                 for ki, ks in enumerate((8, 16)):
                     f, smem = self.mmp[nt][tb - 1][ki], self.mmp_smem[nt][ki]
                     f.allow_smem(smem)
-                    self.grid_cap[nt][tb - 1][ki] = blocks_per_sm(ctx, f, 32 * ks, smem) * ctx.sm_count
+                    self.grid_cap[nt][tb - 1][ki] = blocks_per_sm(self.smem_optin, f, 32 * ks, smem) * self.sm_count
         # hy_mmvs: all the card allows (its staged columns come on top of hy_mmv's ring)
         self.mmvs = [[module.func(mmvs_name(tb, ks)) for ks in (8, 16)] for tb in (1, 2)]
         self.mmvs_shape: dict = {}
@@ -129,7 +132,7 @@ class MmaFuncs:
         for name in PDL_KERNELS:
             module.func(name).pdl = True
 
-    def staged_shape(self, ctx, tb: int, ks: int, cols: int, n: int) -> tuple[int, int] | None:
+    def staged_shape(self, tb: int, ks: int, cols: int, n: int) -> tuple[int, int] | None:
         """(dynamic shared memory, most blocks worth launching) of hy_mmvs_{tb}_{ks} for n rows
         `cols` wide; None when the staged columns do not fit beside its rings."""
         key = (tb, ks, cols, n)
@@ -137,8 +140,9 @@ class MmaFuncs:
         if got is False:
             f = self.mmvs[tb - 1][int(ks == 16)]
             smem = self.mmp_smem[0][int(ks == 16)] + staged_b_bytes(cols, n)
-            fits = smem + f.attr("SHARED_SIZE_BYTES") <= ctx.smem_optin
-            got = self.mmvs_shape[key] = (smem, blocks_per_sm(ctx, f, 32 * ks, smem) * ctx.sm_count) if fits else None
+            fits = smem + f.attr("SHARED_SIZE_BYTES") <= self.smem_optin
+            cap = blocks_per_sm(self.smem_optin, f, 32 * ks, smem) * self.sm_count
+            got = self.mmvs_shape[key] = (smem, cap) if fits else None
         return got
 
 
@@ -289,20 +293,22 @@ class MmaSet:
         key = (fx, nt, tb, ks, staged, p, n)
         call = self._calls.get(key)
         if call is None:
-            f, smem, cap = self.pick(ctx, fx, p, n, nt, tb, ks, staged)
+            f, smem, cap = self.pick(fx, p, n, nt, tb, ks, staged)
             args = JobArgs(self.jobs[tb - 1], p, n, self.cols)
             call = self._calls[key] = (f, (min(self.blocks[tb - 1], cap), 1), 32 * ks, smem, args)
         ctx.launch(*call)
 
-    def pick(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None):
+    def pick(self, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None):
         """(kernel, dynamic shared memory, most blocks worth launching) of `launch`'s call."""
         if n > rows_cap(nt):
             raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: at most {rows_cap(nt)} rows, got {n}")
+        if staged and nt:
+            raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: only hy_mmv (NT 0) stages its columns")
         ki = int(ks == 16)
         f, smem, cap = fx.mmp[nt][tb - 1][ki], fx.mmp_smem[nt][ki], fx.grid_cap[nt][tb - 1][ki]
         if nt == 0 and staged is not False:
             aligned = (p.p0 | p.p1 | p.p2) % 16 == 0 and (n == 1 or p.stride % 8 == 0)
-            shape = fx.staged_shape(ctx, tb, ks, self.cols, n) if aligned else None
+            shape = fx.staged_shape(tb, ks, self.cols, n) if aligned else None
             if staged is None:
                 staged = n == 1 and shape is not None and stages_b(self.blocks[tb - 1], self.cols // 32, cap, shape[1])
             elif shape is None:

@@ -254,6 +254,22 @@ def test_one_row_calls_stage_their_columns_where_it_pays():
     assert ctx.launches == [("hy_mmv_2_16", 128, ring)]
     with pytest.raises(CortiqError, match="16-byte aligned"):
         ms.launch(ctx, fx, odd, 1, 0, 2, 16, staged=True)
+    with pytest.raises(CortiqError, match="only hy_mmv"):
+        ms.launch(ctx, fx, p, 1, 1, 2, 16, staged=True)
+
+    class LaunchOnly:
+        """What a wrapper of the context offers (graphs.KtCtx): launches, no device facts."""
+
+        def __init__(self):
+            self.launches = []
+
+        def launch(self, f, grid, block, smem, args):
+            self.launches.append((f.name, grid[0], smem))
+
+    lo = LaunchOnly()
+    fresh = mma.MmaSet(ctx, [mma.JobSpec(Wide(4096, 0x1000), 0xA000, 0, 4096, 4096)], mma.KIND_Q4TP)
+    fresh.run(lo, mma.MmaFuncs(ctx, _fakecard.FakeModule()), p, 12288, 1)
+    assert lo.launches == [("hy_mmvs_2_16", 128, ring + one)]
 
 
 def test_hfuncs_keeps_the_weight_side_fields():
