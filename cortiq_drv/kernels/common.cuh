@@ -113,7 +113,8 @@ __device__ __forceinline__ void ldsm4(u32* r, const void* p) { ldsm4(r, (u32)__c
 // kernel launched without the attribute), then lets the next kernel on the stream launch, so its
 // launch and whatever it does before its own pdl_begin() (reads of data no kernel writes: weights)
 // overlap this kernel. Nothing before pdl_begin() may read what an earlier kernel writes or write
-// what one reads (but pf_l2 below). Every kernel the host marks pdl calls it on every path that
+// what one reads, but pf_l2 below and hy_scores / hy_values' call record (att_rows_pf), which
+// only steers their prefetches. Every kernel the host marks pdl calls it on every path that
 // touches memory.
 __device__ __forceinline__ void pdl_begin() {
 #if __CUDA_ARCH__ >= 900
@@ -123,8 +124,9 @@ __device__ __forceinline__ void pdl_begin() {
 }
 
 // The line holding p into L2, nothing into registers or L1: free to run before pdl_begin() on
-// any address (every kernel's writes meet in L2, so a line the kernel still running writes is
-// only fetched early, never read stale), for the state and weights a kernel reads after it.
+// any address inside an allocation (every kernel's writes meet in L2, so a line the kernel still
+// running writes is only fetched early, never read stale), for the state and weights a kernel
+// reads after it.
 __device__ __forceinline__ void pf_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // 1 / (1 + e^-x) with full-precision expf (the reference's sigmoid).

@@ -31,17 +31,22 @@ __device__ __forceinline__ void att_record(const int* ci, int& n0, int& rb, int&
     }
 }
 
-// PDL: the mirror rows (K for hy_scores, V for hy_values) block (b, g, r) of a call will read, into
-// L2 (pf_l2) before pdl_begin. The record's n0 and rb come from L2 (ld.global.cg: the step's first
-// kernel wrote it, and every kernel before the one still running has completed), and they only
-// steer the prefetch: nothing read here reaches a result.
-__device__ __forceinline__ void att_rows_pf(const f16* mp, const int* ci, int n0, int rb, int r0, int nkv) {
+// PDL: the first ATT_PF keys' mirror rows (K for hy_scores, V for hy_values) block (b, g, r) of a
+// call will read, into L2 (pf_l2) before pdl_begin: enough to cover the first loads' latency, and
+// few enough (ATT_PF keys a block) that a long context's blocks together stay well inside L2.
+// The record's n0 and rb come from L2 (ld.global.cg): a staged step's first kernel or an upload
+// before the step wrote it, and the kernel that may still run is hy_qk (hy_scores) or hy_scores
+// (hy_values), with everything before it complete; they only steer the prefetch, nothing read
+// here reaches a result.
+#define ATT_PF 64
+__device__ __forceinline__ void att_rows_pf(const f16* mp, const int* ci, int n0, int rb, int r0, int nkv, int n) {
     if (ci) {
         asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(n0) : "l"(ci));
         asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(rb) : "l"(ci + 2));
     }
     const int r = blockIdx.z, g = blockIdx.y, t0 = (r0 + blockIdx.x) * rb;
-    const int t1 = min(t0 + rb, n0 + r + 1);
+    if (r >= n) return;
+    const int t1 = min(t0 + min(rb, ATT_PF), n0 + r + 1);
     constexpr int LPR = HD >= 64 ? HD / 64 : 1;  // 128-byte lines a row
     for (int k = threadIdx.x; k < (t1 - t0) * LPR; k += blockDim.x)
         pf_l2(mp + ((size_t)(t0 + k / LPR) * nkv + g) * HD + (k % LPR) * 64);
@@ -129,7 +134,7 @@ extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const f
 // block the grid stands for (0 on the small path).
 extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, float* Mx, int n0, int r0, int nkv,
                                      float scale, int rb, int ncap, int nbcap, int n, const int* ci) {
-    att_rows_pf(kp, ci, n0, rb, r0, nkv);
+    att_rows_pf(kp, ci, n0, rb, r0, nkv, n);
     pdl_begin();
     __shared__ float qsm[HPK][HD];
     __shared__ float wm[8][HPK];
@@ -197,7 +202,7 @@ extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, f
 // each taking every (256 / HD)-th head.
 extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16* vp, float* P, float* E, int n0, int r0,
                                      int nkv, int rb, int ncap, int nbcap, int n, const int* ci) {
-    att_rows_pf(vp, ci, n0, rb, r0, nkv);
+    att_rows_pf(vp, ci, n0, rb, r0, nkv, n);
     pdl_begin();
     const int TPD = 256 / HD, NI = (HPK + TPD - 1) / TPD, VQ = (64 * HD / 8 + 255) / 256;
     __shared__ float pm[HPK][64];

@@ -52,10 +52,14 @@ extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* r
     __shared__ float red[32];
     const int r = blockIdx.y, u = blockIdx.x, t = threadIdx.x;
     const int units = cdim / dk;
-    if (u < units && t < dk) {
-        pf_l2(taps + (size_t)(u * dk + t) * kk);
-        for (int j = r; j < kk - 1; ++j) pf_l2(ring + (size_t)j * cdim + u * dk + t);
-    } else if (u >= units) {
+    if (u < units) {
+        // a line (32 floats) a thread: the unit's dk kk taps, then its dk channels of ring rows
+        // r .. kk - 2
+        const int tl = dk * kk / 32, rl = dk / 32;
+        for (int k = t; k < tl + (kk - 1 - r) * rl; k += (int)blockDim.x)
+            pf_l2(k < tl ? taps + (size_t)u * dk * kk + 32 * k
+                         : ring + (size_t)(r + (k - tl) / rl) * cdim + u * dk + 32 * ((k - tl) % rl));
+    } else {
         const float* w = (u - units >= nv ? bw : aw) + (size_t)((u - units) % nv) * hidden;
         for (int c = 32 * t; c < hidden; c += 32 * (int)blockDim.x) pf_l2(w + c);
     }

@@ -308,12 +308,15 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
 //   reads them there with ldmatrix rather than from L2 a group ahead (the same values, so the
 //   same bits). For blocks that walk many groups (a long K, or many items a block), where that
 //   latency is not hidden. Launch as hy_mmv with 3 n hy_sb_stride(cols / 32) more bytes of dynamic
-//   shared memory (traps when given less); planes 16-byte aligned and, at two rows, xs % 8 == 0.
+//   shared memory (traps when given less, or given planes not 16-byte aligned or, at two rows,
+//   xs % 8 != 0).
 template <int TB, int KS, bool SB>
 __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                        const bf16* p2, int xs, int n, int cols) {
     __shared__ HySmem<3, TB, KS> sm;
     if (n > 2) asm volatile("trap;");
+    // the staged copies move 16 bytes at a time
+    if (SB && ((((size_t)p0 | (size_t)p1 | (size_t)p2) & 15) || (n > 1 && (xs & 7)))) asm volatile("trap;");
     const int sb = SB ? 3 * n * hy_sb_stride(cols >> 5) : 0;
     const int total = hy_items<TB>(jobs, nj, KS * HY_MV_STAGES * HY_STAGE + sb);
     if ((int)blockIdx.x >= total) return;
@@ -321,8 +324,9 @@ __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0
 }
 
 // Blocks an SM should fit of each (NT, KS), of hy_mmv's KS and of hy_mmvs' (whose staged columns
-// leave room for fewer: the 9B down's 165 KB one at KS 16, where 80 registers, against 64, spill
-// nothing): caps the registers (ptxas -v reports them).
+// leave room for fewer: the 9B down's 165 KB one at KS 16, where hy_mmvs_2_16 takes 92 registers
+// without a spill, against 64 and 4 bytes under hy_mmv's cap of two): caps the registers (ptxas
+// -v reports them).
 #ifndef HY_MB_1_8
 #define HY_MB_1_8 2
 #endif

@@ -217,6 +217,30 @@ def test_rows_bit_for_bit_in_any_call(ctx, fx, store, bufs, ks, cols):
             assert rev.reshape(16, 40)[:n][::-1].tobytes() == one[:n].tobytes(), f"reversed n={n}"
 
 
+@pytest.mark.parametrize("ks", [8, 16])
+def test_staged_blocks_walk_many_items(ctx, fx, store, bufs, ks):
+    """hy_mmvs on a grid of two blocks, each walking several items (the LM head's case: the staged
+    columns reused, each next item's first B fragments read from them) == hy_mmv, bit for bit."""
+    rng = np.random.default_rng(50 + ks)
+    cols = 1056
+    m = store.hmat("many", random_q4tp(200, cols, rng), 200, cols)
+    y = Buf.new(ctx, 16 * 200 * 4)
+    bufs.append(y)
+    ms = mma.mmaset(ctx, [mma.JobSpec(m, y.ptr, 0, 200, 200)])
+    p = planes(ctx, rng.standard_normal((1, cols)).astype(np.float32), bufs)
+    for tb in (1, 2):
+        want = launch(ctx, fx, ms, p, 1, (0, tb, ks, False), y)
+        key = (tb, ks, cols, 1)
+        fx.mmvs_shape[key] = (fx.staged_shape(tb, ks, cols, 1)[0], 2)
+        ms._calls.clear()
+        try:
+            got = launch(ctx, fx, ms, p, 1, (0, tb, ks, True), y)
+        finally:
+            del fx.mmvs_shape[key]
+            ms._calls.clear()
+        assert got.tobytes() == want.tobytes(), tb
+
+
 def test_graph_replay_equals_direct(ctx, fx, store, bufs):
     rng = np.random.default_rng(21)
     (ma, _), _ = two_mats(store, 1056, rng)

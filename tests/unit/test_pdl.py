@@ -66,6 +66,12 @@ def test_wait_comes_before_any_global_access(entries):
         body = entries[k]
         early = _MATVEC_AFTER.search(body[:body.index("griddepcontrol.wait")])
         assert early is None, (k, early and early.group(0))
+    # hy_mmvs copies its activation columns after the wait: before it, only hy_mmv's weight stages
+    for tb in (1, 2):
+        for ks in (8, 16):
+            plain, staged = (entries[name][:entries[name].index("griddepcontrol.wait")].count("cp.async.cg")
+                             for name in (mma.mmp_name(0, tb, ks), mma.mmvs_name(tb, ks)))
+            assert plain == staged > 0, (tb, ks, plain, staged)
 
 
 @pytest.mark.parametrize("pdl,arch_ok,env,want", [
