@@ -94,9 +94,10 @@ __device__ __forceinline__ int hy_sb_stride(int gpr) { return gpr * 64 + ((16 - 
 
 // hy_mmp's work for calls whose columns fill NTC n-tiles (NTC = ceil(3 n / 8)), each warp's ring
 // S stages deep; see hy_mmp. The sums and their order depend on KS alone. With SB (one n-tile):
-// the block first stages the call's 3 n columns whole (all groups) after the warps' rings, column
-// c at c hy_sb_stride(gpr), and the warps read each group's B fragments there with ldmatrix
-// instead of from L2 (the same values, so the same sums); planes 16-byte aligned, xs % 8 == 0.
+// each warp first stages its own groups of the call's 3 n columns after the warps' rings (column
+// c at c hy_sb_stride(gpr)) and reads each group's B fragments there with ldmatrix instead of
+// from L2 (the same values, so the same sums); planes 16-byte aligned and, at two rows, xs % 8
+// == 0 (hy_mmvs checks).
 template <int NC, int NTC, int TB, int KS, int S, bool SB = false>
 __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                            const bf16* p2, int xs, int n, int cols, int total,
