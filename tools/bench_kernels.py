@@ -195,7 +195,7 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
     try:
         for n in a.rows:
             rule = rot.sets[0].variant(n)
-            rule += (rot.sets[0].pick(fx, p, n, *rule)[0].name.startswith("hy_mmvs"),)
+            rule += (any(rot.sets[0].pick(fx, p, n, *rule)[0] is f for row in fx.mmvs for f in row),)
             nt = rule[0]
             nts = (0, 1) if nt == 0 else (nt,)  # hy_mmv (and hy_mmvs) beside hy_mmp_1 at one or two rows
             choices = [rule] if a.variants == "rule" else [

@@ -125,7 +125,7 @@ class MmaFuncs:
         self.mmvs = [[module.func(mmvs_name(tb, ks)) for ks in (8, 16)] for tb in (1, 2)]
         self.mmvs_shape: dict = {}
         for f in (f for row in self.mmvs for f in row):
-            f.allow_smem(ctx.smem_optin - f.attr("SHARED_SIZE_BYTES"))
+            f.allow_smem(self.smem_optin - f.attr("SHARED_SIZE_BYTES"))
         self.split = module.func("hy_split")
         self.rmsnorm2 = module.func("hy_rmsnorm2")
         self.repack = module.func("hy_repack")
@@ -154,15 +154,6 @@ def weight_side_source() -> str:
 
     pieces = includes("hyb.cu")
     return "\n".join(source(name) for name in pieces[:pieces.index("hyb_mmp.cuh") + 1])
-
-
-def load_funcs(ctx, hpk: int = 4, hd: int = 256) -> MmaFuncs:
-    """Compile (disk-cached) and load hyb.cu for an attention geometry; its weight-side kernels."""
-    from cortiq_drv.cu.nvrtc import compile_cubin, load
-    from cortiq_drv.kernels import source
-
-    cubin = compile_cubin(source("hyb.cu"), {"HPK": hpk, "HD": hd}, ctx.arch)
-    return MmaFuncs(ctx, load(ctx, cubin))
 
 
 @dataclass(frozen=True)
@@ -207,7 +198,8 @@ def set_rules(rows: list[int]) -> tuple[bool, bool]:
     3090 rule takes the largest matrix, under 16 384 rows; on the H200 KS 16 wins on the 9B down
     (24.2 against 37.1 us at one row) and o, and KS 8 on the 9B GDN qkv + z set of 12 288 rows at
     one row (14.4 against 18.8 us; at 16 rows 79 against 68 us: one-row decode is the common
-    call). The 27B attention q + k + v (14 336 rows) falls on the KS 8 side unmeasured. tb1: one tile a block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes
+    call). The 27B attention q + k + v (14 336 rows) falls on the KS 8 side unmeasured. tb1: one
+    tile a block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes
     the arithmetic, and it depends on the matrices alone.
 
     The reference's third rule, tb1_n1 (one tile a block for one-row calls of 12 288 rows or

@@ -58,7 +58,8 @@ class Card:
         return Event(self.ctx)
 
     def funcs(self, hpk: int, hd: int):
-        """hyb.cu compiled for (heads per KV head, head width) and loaded (`load_funcs`)."""
+        """hyb.cu compiled for (heads per KV head, head width) and loaded (the reference's
+        `load_funcs`): the weight side's kernels and the arm's (`HFuncs`)."""
         # launch imports plan, which imports this module: HFuncs comes in here
         from cortiq_drv.hybrid.launch import HFuncs
 
