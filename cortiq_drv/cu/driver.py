@@ -177,6 +177,29 @@ def _pdl_attrs():
 
 
 _PDL_ATTRS = None
+# Programmatic launch configurations by (grid, block, shared memory, stream handle): the driver
+# reads a configuration at the call, so one object serves every launch of its shape (making one
+# costs more Python than the launch itself). Cleared when it reaches _PDL_CFGS_MAX shapes.
+_PDL_CFGS: dict = {}
+_PDL_CFGS_MAX = 4096
+
+
+def _pdl_config(grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream):
+    """The launch configuration of a programmatic launch of this shape on `stream`."""
+    key = (grid, block, smem, 0 if stream is None else int(stream))
+    cfg = _PDL_CFGS.get(key)
+    if cfg is None:
+        if len(_PDL_CFGS) >= _PDL_CFGS_MAX:
+            _PDL_CFGS.clear()
+        cfg = _d.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+        cfg.sharedMemBytes = smem
+        cfg.hStream = stream
+        cfg.attrs = _pdl_attrs()
+        cfg.numAttrs = 1
+        _PDL_CFGS[key] = cfg
+    return cfg
 
 
 def launch_kernel_pdl(func, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
@@ -184,14 +207,7 @@ def launch_kernel_pdl(func, grid: tuple[int, int, int], block: tuple[int, int, i
     """`launch_kernel` as a programmatic dependent (cuLaunchKernelEx with programmatic stream
     serialization): the kernel may start before the one ahead of it on the stream has finished,
     and must wait for it itself (griddepcontrol.wait); in a capture, a programmatic graph edge."""
-    cfg = _d.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
-    cfg.sharedMemBytes = smem
-    cfg.hStream = stream
-    cfg.attrs = _pdl_attrs()
-    cfg.numAttrs = 1
-    err = _d.cuLaunchKernelEx(cfg, func, params, 0)[0]
+    err = _d.cuLaunchKernelEx(_pdl_config(grid, block, smem, stream), func, params, 0)[0]
     if err != _SUCCESS:
         raise CudaError("cuLaunchKernelEx", error_name(err),
                         f"{name} (programmatic) grid={grid} block={block} smem={smem}")

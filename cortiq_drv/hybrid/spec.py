@@ -158,9 +158,12 @@ def rewind(hs, kv_id: int, hint: int = 0) -> None:
     it all). A mirror with room for fewer than `hint` rows (the new sequence's expected length)
     is reallocated now, empty, as a fresh one would be sized, rather than grown mid-decode."""
     with hs.lock:
-        for k, gs in hs.gdn.items():
-            if k[0] == kv_id:
-                gs.fresh(hs)
+        states = [gs for k, gs in hs.gdn.items() if k[0] == kv_id]
+        # one wait for the stream's copies into any snapshot, not one a layer
+        if any(gs.snap is not None for gs in states):
+            hs.ctx.sync()
+        for gs in states:
+            gs.fresh(hs, synced=True)
         for k, m in hs.kv.items():
             if k[0] == kv_id:
                 m.stored = 0
@@ -180,7 +183,7 @@ def reset(hs, kv_id: int) -> None:
         for k in [k for k in hs.gdn if k[0] == kv_id]:
             gs = hs.gdn.pop(k)
             hs.ctx.kv_bytes -= gs.counted
-            gs.close(hs)
+            gs.close(hs, synced=True)
         for k in [k for k in hs.kv if k[0] == kv_id]:
             m = hs.kv.pop(k)
             hs.ctx.kv_bytes -= m.bytes

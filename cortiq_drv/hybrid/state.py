@@ -101,7 +101,9 @@ class KvMirror:
         need = self.stored + n
         if need <= self.cap:
             return
-        cap = round_up(max(need, hint, 2 * self.cap), MIRROR_STEP)
+        # doubling keeps the copies of a growing mirror's rows rare; an empty one has none to
+        # copy, and is sized as a fresh one would be
+        cap = round_up(max(need, hint, 2 * self.cap if self.stored else 0), MIRROR_STEP)
         k, v = hs.card.new(cap * self.row * 2), hs.card.new(cap * self.row * 2)
         if self.stored:
             k.copy_from(self.k.view(0, self.stored * self.row * 2))
@@ -164,26 +166,28 @@ class GdnState:
         """The seven buffers in `book`'s order."""
         return (self.s, self.ring, self.t_qkv, self.t_cq, self.t_gb, self.s_save, self.ring_save)
 
-    def drop_snapshot(self, hs) -> None:
+    def drop_snapshot(self, hs, synced: bool = False) -> None:
         """Free the `gdn_snapshot` copy (its bytes off the K/V count) once the stream's pending
-        copies into it are done."""
+        copies into it are done (`synced`: the caller synchronised the stream after them)."""
         if self.snap is not None:
-            hs.ctx.sync()
+            if not synced:
+                hs.ctx.sync()
             hs.ctx.kv_bytes -= self.snap[1].bytes + self.snap[2].bytes
             self.snap[1].close()
             self.snap[2].close()
             self.snap = None
 
-    def fresh(self, hs) -> None:
-        """Row 0 of a new sequence: s and ring zeroed (on the stream), no tape, no snapshot."""
+    def fresh(self, hs, synced: bool = False) -> None:
+        """Row 0 of a new sequence: s and ring zeroed (on the stream), no tape, no snapshot
+        (`drop_snapshot`'s `synced`)."""
         self.s.memset(0)
         self.ring.memset(0)
         self.next_pos, self.tape = 0, None
-        self.drop_snapshot(hs)
+        self.drop_snapshot(hs, synced)
 
-    def close(self, hs) -> None:
-        """Free the state and its snapshot (`drop_snapshot`)."""
-        self.drop_snapshot(hs)
+    def close(self, hs, synced: bool = False) -> None:
+        """Free the state and its snapshot (`drop_snapshot`'s `synced`)."""
+        self.drop_snapshot(hs, synced)
         self.all.close()
 
 

@@ -237,8 +237,8 @@ def test_rewind_keeps_the_graphs_reset_drops_them(hyb_tiny):
     bufs = {k: (gs.s.ptr, gs.ring.ptr) for k, gs in hs.gdn.items()}
     syncs = ctx.syncs
     spec.rewind(hs, 3)
-    # the snapshot goes after the copies queued into it
-    assert ctx.syncs > syncs
+    # the snapshots go after the copies queued into them: one wait for all the layers
+    assert ctx.syncs == syncs + 1
     assert ctx.kv_bytes == held and all(m.stored == 0 for k, m in hs.kv.items() if k[0] == 3)
     for k in gkeys:
         gs = hs.gdn[k]
@@ -279,6 +279,9 @@ def test_rewind_sizes_the_mirrors_for_the_next_sequence(hyb_tiny):
     for pos in range(3):
         _call(hs, p, g, 5, pos, 1)
     assert [m.k.ptr for m in mirrors] == ptrs
+    # an empty mirror is sized for the hint alone: no doubling of the room it had (6 steps)
+    spec.rewind(hs, 5, 3 * MIRROR_STEP + 1)
+    assert all(m.stored == 0 and m.cap == 4 * MIRROR_STEP for m in mirrors)
 
 
 def test_a_new_sequence_on_the_id_starts_fresh(hyb_tiny):

@@ -111,6 +111,25 @@ def test_pdl_launch_failure_names_the_kernel(monkeypatch):
         driver.launch_kernel_pdl(None, (1, 2, 1), (64, 1, 1), 0, None, 0, "hy_qk")
 
 
+def test_pdl_configs_are_made_once_a_shape(monkeypatch):
+    """A programmatic launch reuses the configuration of its (grid, block, smem, stream): each
+    launch gets one with its own fields, the same object for the same shape, and the table starts
+    again when full."""
+    seen = []
+    monkeypatch.setattr(driver._d, "cuLaunchKernelEx", lambda cfg, f, p, x: (seen.append(cfg), (driver._SUCCESS,))[1])
+    monkeypatch.setattr(driver, "_PDL_CFGS", {})
+    stream = driver._d.CUstream(77)
+    for grid, smem in [((4, 1, 1), 0), ((4, 1, 1), 0), ((8, 2, 1), 96), ((4, 1, 1), 0)]:
+        driver.launch_kernel_pdl(None, grid, (128, 1, 1), smem, stream, 0, "hy_qk")
+    assert seen[0] is seen[1] is seen[3] and seen[2] is not seen[0]
+    c = seen[2]
+    assert (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.sharedMemBytes, c.numAttrs) == (8, 2, 1, 128, 96, 1)
+    assert int(c.hStream) == 77
+    monkeypatch.setattr(driver, "_PDL_CFGS_MAX", 2)
+    driver.launch_kernel_pdl(None, (9, 1, 1), (32, 1, 1), 0, stream, 0, "hy_qk")
+    assert len(driver._PDL_CFGS) == 1
+
+
 def test_state_and_gate_rows_go_to_l2_before_the_wait(entries):
     # the GDN front's taps, ring and gate rows, the scan's state and attention's K / V mirror
     # rows, fetched while the kernel before still runs (pf_l2: prefetch.global.L2, allowed ahead
