@@ -31,25 +31,28 @@ __device__ __forceinline__ void att_record(const int* ci, int& n0, int& rb, int&
     }
 }
 
-// PDL: the first ATT_PF keys' mirror rows (K for hy_scores, V for hy_values) block (b, g, r) of a
-// call will read, into L2 (pf_l2) before pdl_begin: enough to cover the first loads' latency, and
-// few enough (ATT_PF keys a block) that a long context's blocks together stay well inside L2.
-// The record's n0 and rb come from L2 (ld.global.cg): a staged step's first kernel or an upload
-// before the step wrote it, and the kernel that may still run is hy_qk (hy_scores) or hy_scores
-// (hy_values), with everything before it complete; they only steer the prefetch, nothing read
-// here reaches a result.
+// PDL: whether block (b, g, r) of a call has keys (b * rb < n0 + r + 1, r < n), and if so the
+// first ATT_PF keys' mirror rows it will read (K for hy_scores, V for hy_values) into L2 (pf_l2),
+// before pdl_begin: enough to cover the first loads' latency, and few enough (ATT_PF keys a
+// block) that a long context's blocks together stay well inside L2. The kernels return at once
+// when it is false, so the grid's many blocks past the keys leave without holding a slot while
+// the kernel before runs. The record's n0 and rb come from L2 (ld.global.cg): an upload before
+// the step or the step's first kernel (hy_copy16) wrote it, and the kernel that may still run is
+// hy_qk (hy_scores) or hy_scores (hy_values), with everything before it complete and nothing
+// that writes the record after it; the kernels read the record again after pdl_begin.
 #define ATT_PF 64
-__device__ __forceinline__ void att_rows_pf(const f16* mp, const int* ci, int n0, int rb, int r0, int nkv, int n) {
+__device__ __forceinline__ bool att_rows_pf(const f16* mp, const int* ci, int n0, int rb, int r0, int nkv, int n) {
     if (ci) {
         asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(n0) : "l"(ci));
         asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(rb) : "l"(ci + 2));
     }
     const int r = blockIdx.z, g = blockIdx.y, t0 = (r0 + blockIdx.x) * rb;
-    if (r >= n) return;
+    if (r >= n || t0 >= n0 + r + 1) return false;
     const int t1 = min(t0 + min(rb, ATT_PF), n0 + r + 1);
     constexpr int LPR = HD >= 64 ? HD / 64 : 1;  // 128-byte lines a row
     for (int k = threadIdx.x; k < (t1 - t0) * LPR; k += blockDim.x)
         pf_l2(mp + ((size_t)(t0 + k / LPR) * nkv + g) * HD + (k % LPR) * 64);
+    return true;
 }
 
 // HD / 32 consecutive f16 values from p (2 * HD / 32-byte aligned) as f32, in vector loads.
@@ -130,32 +133,37 @@ extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const f
 // row r = blockIdx.z, the HPK query heads h of KV head g = blockIdx.y; Mx[r][h][b] = their maximum.
 // One key a warp: lane l takes dims [l*HD/32, (l+1)*HD/32), a warp butterfly adds them.
 // Pointers: qg [n][nh][HD] f32; kp f16 mirror [rows][nkv][HD]; S, Mx scratch (header); ci or 0.
-// Grid (ATTN_NBLK, nkv, n): blocks past the row's keys leave. Block 256 threads. r0: the first key
+// Grid (ATTN_NBLK, nkv, n): blocks past the row's keys leave (att_rows_pf). Block 256 threads. r0: the first key
 // block the grid stands for (0 on the small path).
 extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, float* Mx, int n0, int r0, int nkv,
                                      float scale, int rb, int ncap, int nbcap, int n, const int* ci) {
-    att_rows_pf(kp, ci, n0, rb, r0, nkv, n);
+    if (!att_rows_pf(kp, ci, n0, rb, r0, nkv, n)) return;
     pdl_begin();
     __shared__ float qsm[HPK][HD];
     __shared__ float wm[8][HPK];
-    int far = 0;
-    att_record(ci, n0, rb, ncap, nbcap, far);
     const int r = blockIdx.z, g = blockIdx.y, b = r0 + blockIdx.x;
-    const int keys = n0 + r + 1, t0 = b * rb;
-    if (r >= n || t0 >= keys) return;
-    const int t1 = min(t0 + rb, keys), nh = nkv * HPK;
+    const int nh = nkv * HPK;
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     const int E = HD / 32;
-    for (int x = threadIdx.x; x < HPK * HD; x += blockDim.x) qsm[x / HD][x % HD] = qg[((size_t)r * nh + g * HPK) * HD + x];
-    __syncthreads();
     // the lane's dims of every head in registers where they fit (the same products as from
-    // shared memory), and fewer keys in flight where the heads take many registers
+    // shared memory), loaded with the record (one memory latency for both), and fewer keys in
+    // flight where the heads take many registers
     const bool QREG = HPK * E <= 64;
+    const float* qrow = qg + ((size_t)r * nh + g * HPK) * HD;
     float qr[QREG ? HPK : 1][E];
 #pragma unroll
     for (int i = 0; i < (QREG ? HPK : 0); ++i)
 #pragma unroll
-        for (int e = 0; e < E; ++e) qr[i][e] = qsm[i][l * E + e];
+        for (int e = 0; e < E; ++e) qr[i][e] = qrow[i * HD + l * E + e];
+    int far = 0;
+    att_record(ci, n0, rb, ncap, nbcap, far);
+    const int keys = n0 + r + 1, t0 = b * rb;
+    if (r >= n || t0 >= keys) return;
+    const int t1 = min(t0 + rb, keys);
+    if (!QREG) {
+        for (int x = threadIdx.x; x < HPK * HD; x += blockDim.x) qsm[x / HD][x % HD] = qrow[x];
+        __syncthreads();
+    }
     float m[HPK];
 #pragma unroll
     for (int i = 0; i < HPK; ++i) m[i] = __int_as_float(0xff800000);
@@ -202,7 +210,7 @@ extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, f
 // each taking every (256 / HD)-th head.
 extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16* vp, float* P, float* E, int n0, int r0,
                                      int nkv, int rb, int ncap, int nbcap, int n, const int* ci) {
-    att_rows_pf(vp, ci, n0, rb, r0, nkv, n);
+    if (!att_rows_pf(vp, ci, n0, rb, r0, nkv, n)) return;
     pdl_begin();
     const int TPD = 256 / HD, NI = (HPK + TPD - 1) / TPD, VQ = (64 * HD / 8 + 255) / 256;
     __shared__ float pm[HPK][64];
@@ -214,6 +222,26 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
     const int keys = n0 + r + 1, nb = (keys + rb - 1) / rb;
     if (r >= n || b >= nb) return;
     const int nh = nkv * HPK, d = t % HD, grp = t / HD;
+    const float* srow = S + ((size_t)r * nh + g * HPK) * ncap;
+    const int t1 = min((b + 1) * rb, keys);
+    constexpr int SQ = (HPK * 64 + 255) / 256;
+    // a chunk's scores and value rows (16 bytes a load) into registers, all of a thread's loads
+    // in flight together; the first chunk's go out with the block maxima's
+    float sv[SQ];
+    uint4 vb[VQ];
+    auto fetch = [&](int c0, int cn) {
+#pragma unroll
+        for (int k = 0; k < SQ; ++k) {
+            const int x = t + k * 256, i = x / 64, tt = x % 64;
+            if (x < HPK * 64 && tt < cn) sv[k] = srow[(size_t)i * ncap + c0 + tt];
+        }
+#pragma unroll
+        for (int k = 0; k < VQ; ++k) {
+            const int x = t + k * 256, tt = x / (HD / 8);
+            if (tt < cn) vb[k] = *(const uint4*)(vp + ((size_t)(c0 + tt) * nkv + g) * HD + (x % (HD / 8)) * 8);
+        }
+    };
+    fetch(b * rb, min(64, t1 - b * rb));
     if (t < HPK) {
         const float* mrow = Mx + ((size_t)r * nh + g * HPK + t) * nbcap;
         float mm = mrow[0];
@@ -223,26 +251,18 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
         if (far) mm = fmaxf(mm, mrow[nbcap - 1]);
         mx[t] = mm;
     }
-    const float* srow = S + ((size_t)r * nh + g * HPK) * ncap;
-    const int t1 = min((b + 1) * rb, keys);
     float acc[NI];
 #pragma unroll
     for (int x = 0; x < NI; ++x) acc[x] = 0.0f;
     float esum = 0.0f;
     for (int c0 = b * rb; c0 < t1; c0 += 64) {
         const int cn = min(64, t1 - c0);
-        __syncthreads();  // mx written; pm free again
+        if (c0 != b * rb) fetch(c0, cn);
+        __syncthreads();  // mx written; pm and vs free again
 #pragma unroll
-        for (int k = 0; k < (HPK * 64 + 255) / 256; ++k) {
+        for (int k = 0; k < SQ; ++k) {
             const int x = t + k * 256, i = x / 64, tt = x % 64;
-            if (x < HPK * 64) pm[i][tt] = tt < cn ? expf(srow[(size_t)i * ncap + c0 + tt] - mx[i]) : 0.0f;
-        }
-        // the chunk's value rows into shared memory, 16 bytes a load, all of a thread's in flight
-        uint4 vb[VQ];
-#pragma unroll
-        for (int k = 0; k < VQ; ++k) {
-            const int x = t + k * 256, tt = x / (HD / 8);
-            if (tt < cn) vb[k] = *(const uint4*)(vp + ((size_t)(c0 + tt) * nkv + g) * HD + (x % (HD / 8)) * 8);
+            if (x < HPK * 64) pm[i][tt] = tt < cn ? expf(sv[k] - mx[i]) : 0.0f;
         }
 #pragma unroll
         for (int k = 0; k < VQ; ++k) {
@@ -274,7 +294,7 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
 // order (then the far block when the record says), times sigmoid(gate[r][h][d]) when gate != 0,
 // into the planes: put3 at row r, column h*HD + d.
 // Pointers: P, E scratch (header); gate [n][nh][HD] f32 or 0; p0, p1, p2 [n][ps] bf16 out; ci or 0.
-// Grid (nh, n), block 256 threads.
+// Grid (nh, n), block 256 threads; HD <= 256 (hy_values').
 extern "C" __global__ void hy_finish(const float* P, const float* E, const float* gate, bf16* p0, bf16* p1, bf16* p2,
                                      int ps, int n0, int rb, int nh, int nbcap, const int* ci) {
     pdl_begin();
@@ -283,17 +303,21 @@ extern "C" __global__ void hy_finish(const float* P, const float* E, const float
     const int r = blockIdx.y, h = blockIdx.x;
     const int nb = (n0 + r + 1 + rb - 1) / rb;
     const float* er = E + (size_t)r * nbcap * nh + h;
-    // the sums in block order, unrolled so that their loads are in flight together
-    float den = 0.0f;
+    // the sums in block order, each thread's E and P sums in one loop, unrolled so that all
+    // their loads are in flight together (HD <= blockDim.x: one column a thread at most)
+    const int d = threadIdx.x;
+    const float* pr = P + ((size_t)r * nbcap * nh + h) * HD + min(d, HD - 1);
+    float den = 0.0f, num = 0.0f;
 #pragma unroll 8
-    for (int b = 0; b < nb; ++b) den += er[(size_t)b * nh];
-    if (far) den += er[(size_t)(nbcap - 1) * nh];
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        const float* pr = P + ((size_t)r * nbcap * nh + h) * HD + d;
-        float num = 0.0f;
-#pragma unroll 8
-        for (int b = 0; b < nb; ++b) num += pr[(size_t)b * nh * HD];
-        if (far) num += pr[(size_t)(nbcap - 1) * nh * HD];
+    for (int b = 0; b < nb; ++b) {
+        den += er[(size_t)b * nh];
+        num += pr[(size_t)b * nh * HD];
+    }
+    if (far) {
+        den += er[(size_t)(nbcap - 1) * nh];
+        num += pr[(size_t)(nbcap - 1) * nh * HD];
+    }
+    if (d < HD) {
         float y = num / den;
         if (gate) y = y * sigmoidf_(gate[((size_t)r * nh + h) * HD + d]);
         put3(p0, p1, p2, (size_t)r * ps + h * HD + d, y);

@@ -54,7 +54,7 @@ def test_wait_comes_before_any_global_access(entries):
     matvecs = {mma.mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)}
     matvecs |= {mma.mmvs_name(tb, ks) for tb in (1, 2) for ks in (8, 16)}
     # the attention kernels read their call record's n0 and rb from L2 first (att_rows_pf: they
-    # only steer L2 prefetches), nothing else
+    # steer L2 prefetches and the exit of blocks past the keys), nothing else
     record = {"hy_scores", "hy_values"}
     for k in (set(mma.PDL_KERNELS) | set(launch.PDL_KERNELS)) - matvecs:
         body = entries[k]
