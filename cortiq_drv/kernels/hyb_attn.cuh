@@ -133,8 +133,8 @@ extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const f
 // row r = blockIdx.z, the HPK query heads h of KV head g = blockIdx.y; Mx[r][h][b] = their maximum.
 // One key a warp: lane l takes dims [l*HD/32, (l+1)*HD/32), a warp butterfly adds them.
 // Pointers: qg [n][nh][HD] f32; kp f16 mirror [rows][nkv][HD]; S, Mx scratch (header); ci or 0.
-// Grid (ATTN_NBLK, nkv, n): blocks past the row's keys leave (att_rows_pf). Block 256 threads. r0: the first key
-// block the grid stands for (0 on the small path).
+// Grid (ATTN_NBLK, nkv, n): blocks past the row's keys leave (att_rows_pf). Block 256 threads.
+// r0: the first key block the grid stands for (0 on the small path).
 extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, float* Mx, int n0, int r0, int nkv,
                                      float scale, int rb, int ncap, int nbcap, int n, const int* ci) {
     if (!att_rows_pf(kp, ci, n0, rb, r0, nkv, n)) return;
