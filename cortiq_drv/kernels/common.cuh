@@ -114,8 +114,8 @@ __device__ __forceinline__ void ldsm4(u32* r, const void* p) { ldsm4(r, (u32)__c
 // launch and whatever it does before its own pdl_begin() (reads of data no kernel writes: weights)
 // overlap this kernel. Nothing before pdl_begin() may read what an earlier kernel writes or write
 // what one reads, but pf_l2 below and hy_scores / hy_values' call record (att_rows_pf), which
-// only steers their prefetches. Every kernel the host marks pdl calls it on every path that
-// touches memory.
+// steers their prefetches and the exit of their blocks past the keys (no kernel that may still
+// run writes it). Every kernel the host marks pdl calls it on every path that touches memory.
 __device__ __forceinline__ void pdl_begin() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
