@@ -256,7 +256,6 @@ def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stag
     nh, nkv, hd, hpk, hidden = plan.nh, plan.nkv, plan.hd, plan.hpk, plan.hidden
     qr, ys = a.q.rows, attn_stride(a, nkv, hd)
     yq = scr("hb_q")
-    qg = scr("hb_qg")
     qgh = scr("hb_qgh")
     gt = scr("hb_gate")
     bao = scr("hb_ao")
@@ -266,6 +265,8 @@ def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stag
     slot0, col_base = m.stored, 0
     m.stored += b
     on = flash(plan)
+    # the f32 query copy only for the score GEMM's path (hy_flash_h reads the f16 one)
+    qg = 0 if on else scr("hb_qg")
     ctx.launch(fx.qk, (nh + nkv, b), hd, 0,
                kargs("QiQQiQQQQQQQiiifiiiiQQ", yq, ys, dev_ptr(yq) + qr * 4, dev_ptr(yq) + (qr + nkv * hd) * 4, ys,
                      a.qn, a.kn, qg, gt, m.k, m.v, btab, nh, nkv, plan.half, plan.eps, int(plan.gemma),

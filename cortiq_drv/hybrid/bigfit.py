@@ -126,12 +126,12 @@ def _gdn_need(g: GdnL, b: int) -> dict:
 
 def _attn_need(plan, a, b: int, pos0: int, cfg: BigCfg) -> dict:
     nh, nkv, hd = plan.nh, plan.nkv, plan.hd
-    out = {"hb_q": b * attn_stride(a, nkv, hd) * 4, "hb_qg": b * nh * hd * 4, "hb_qgh": b * nh * hd * 2,
+    out = {"hb_q": b * attn_stride(a, nkv, hd) * 4, "hb_qgh": b * nh * hd * 2,
            "hb_gate": b * nh * hd * 4, "hb_ao": b * nh * hd * 2}
     if flash(plan):
         return out
     s, p = score_bytes(pos0, b, 0, nkv, plan.hpk, cfg.att_rows, cfg.hint)
-    out.update(hb_aog=b * nh * hd * 4, hb_is=b * nh * 4, hb_s=s, hb_p=p)
+    out.update(hb_qg=b * nh * hd * 4, hb_aog=b * nh * hd * 4, hb_is=b * nh * 4, hb_s=s, hb_p=p)
     return out
 
 

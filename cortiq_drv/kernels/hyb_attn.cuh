@@ -85,8 +85,8 @@ __device__ __forceinline__ void att_load_h(const f16* p, float* out) {
 //   block nh + g (KV head g): k the same with kn; kp[slot + r][g][d] = f16(k), vp[..] = f16(v).
 //   Rotary on d < 2*half, split-half: with (sn, cs) = tab[r][j], j < half,
 //     (x[j], x[j+half]) -> (x[j] cs - x[j+half] sn, x[j+half] cs + x[j] sn).
-// Pointers: q [n][qs] f32; k, v [n][kvs] f32 (KV head g at g*HD); qn, kn [HD] f32 or 0; qg, gate
-// [n][nh][HD] f32 out; kp, vp f16 mirrors [rows][nkv][HD]; tab [n][half][2] f32 (sin, cos); ci the
+// Pointers: q [n][qs] f32; k, v [n][kvs] f32 (KV head g at g*HD); qn, kn [HD] f32 or 0; qg (or 0:
+// not written), gate [n][nh][HD] f32 out; kp, vp f16 mirrors [rows][nkv][HD]; tab [n][half][2] f32 (sin, cos); ci the
 // call record (slot = ci[1]) or 0 (slot = slot0); q16 [n][nh][HD] f16 out or 0.
 // Grid (nh + nkv, n), block HD threads (HD a multiple of 32).
 extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const float* v, int kvs, const float* qn,
@@ -118,7 +118,7 @@ extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const f
     }
     if (isq) {
         const size_t at = ((size_t)r * nh + u) * HD + d;
-        qg[at] = x;
+        if (qg) qg[at] = x;
         if (gated) gate[at] = src[HD + d];
         if (q16) q16[at] = f32_to_f16(x);
     } else {
@@ -157,8 +157,8 @@ extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, f
         for (int e = 0; e < E; ++e) qr[i][e] = qrow[i * HD + l * E + e];
     int far = 0;
     att_record(ci, n0, rb, ncap, nbcap, far);
+    // the record read again holds att_rows_pf's n0 and rb: this block has keys
     const int keys = n0 + r + 1, t0 = b * rb;
-    if (r >= n || t0 >= keys) return;
     const int t1 = min(t0 + rb, keys);
     if (!QREG) {
         for (int x = threadIdx.x; x < HPK * HD; x += blockDim.x) qsm[x / HD][x % HD] = qrow[x];
@@ -219,8 +219,8 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
     int far = 0;
     att_record(ci, n0, rb, ncap, nbcap, far);
     const int r = blockIdx.z, g = blockIdx.y, b = r0 + blockIdx.x, t = threadIdx.x;
+    // the record read again holds att_rows_pf's n0 and rb: this block has keys
     const int keys = n0 + r + 1, nb = (keys + rb - 1) / rb;
-    if (r >= n || b >= nb) return;
     const int nh = nkv * HPK, d = t % HD, grp = t / HD;
     const float* srow = S + ((size_t)r * nh + g * HPK) * ncap;
     const int t1 = min((b + 1) * rb, keys);

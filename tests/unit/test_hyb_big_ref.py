@@ -275,6 +275,9 @@ def test_big_gemm_shapes(hyb_tiny, monkeypatch, flash):
     assert len(downs) == 2 * len(g.layers) and all(x[3] == inter and x[7] == 1.0 for x in downs)
     hpk = g.nh // g.nkv
     scores = [x for x in ctx.gemms if x[0] == "batched" and x[1]]
+    # hy_qk's f32 query copy (argument 7) only for the score GEMMs' path, and sized only there
+    qgs = {int.from_bytes(l.args[7], "little") for l in ctx.launches if l.name == "hy_qk"}
+    assert (qgs == {0}) == flash and ("hb_qg" in hs.scratch) != flash
     if flash:
         # attention in one kernel: no score GEMMs
         assert not scores and [l.name for l in ctx.launches].count("hy_flash_h") == 2 * sum(
