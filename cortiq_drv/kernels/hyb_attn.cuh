@@ -86,8 +86,9 @@ __device__ __forceinline__ void att_load_h(const f16* p, float* out) {
 //   Rotary on d < 2*half, split-half: with (sn, cs) = tab[r][j], j < half,
 //     (x[j], x[j+half]) -> (x[j] cs - x[j+half] sn, x[j+half] cs + x[j] sn).
 // Pointers: q [n][qs] f32; k, v [n][kvs] f32 (KV head g at g*HD); qn, kn [HD] f32 or 0; qg (or 0:
-// not written), gate [n][nh][HD] f32 out; kp, vp f16 mirrors [rows][nkv][HD]; tab [n][half][2] f32 (sin, cos); ci the
-// call record (slot = ci[1]) or 0 (slot = slot0); q16 [n][nh][HD] f16 out or 0.
+// not written), gate [n][nh][HD] f32 out; kp, vp f16 mirrors [rows][nkv][HD]; tab [n][half][2]
+// f32 (sin, cos); ci the call record (slot = ci[1]) or 0 (slot = slot0); q16 [n][nh][HD] f16
+// out or 0.
 // Grid (nh + nkv, n), block HD threads (HD a multiple of 32).
 extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const float* v, int kvs, const float* qn,
                                  const float* kn, float* qg, float* gate, f16* kp, f16* vp, const float* tab, int nh,
