@@ -103,30 +103,32 @@ extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const f
     const bool isq = u < nh;
     const float* src = isq ? q + (size_t)r * qs + (size_t)u * (gated ? 2 * HD : HD) : k + (size_t)r * kvs + (u - nh) * HD;
     const float* nw = isq ? qn : kn;
+    // every global value the block reads, loaded together (one memory latency, not one after
+    // each barrier): the row's element, its norm weight, rotary pair, gate or value
+    const int g = u - nh, j = d < half ? d : d - half;
+    const bool rot = half > 0 && d < 2 * half;
     float x = src[d];
+    const float wv = nw ? nw[d] : 0.0f;
+    const float sn = rot ? tab[((size_t)r * half + j) * 2] : 0.0f, cs = rot ? tab[((size_t)r * half + j) * 2 + 1] : 0.0f;
+    const float gv = isq && gated ? src[HD + d] : 0.0f, vv = isq ? 0.0f : v[(size_t)r * kvs + g * HD + d];
     if (nw) {
         const float ms = block_sum(x * x, red) / (float)HD;
-        x = x / sqrtf(ms + eps) * (gemma ? 1.0f + nw[d] : nw[d]);
+        x = x / sqrtf(ms + eps) * (gemma ? 1.0f + wv : wv);
     }
     if (half > 0) {
         xs[d] = x;
         __syncthreads();
-        if (d < 2 * half) {
-            const int j = d < half ? d : d - half;
-            const float sn = tab[((size_t)r * half + j) * 2], cs = tab[((size_t)r * half + j) * 2 + 1];
-            x = d < half ? xs[d] * cs - xs[d + half] * sn : xs[d] * cs + xs[d - half] * sn;
-        }
+        if (rot) x = d < half ? xs[d] * cs - xs[d + half] * sn : xs[d] * cs + xs[d - half] * sn;
     }
     if (isq) {
         const size_t at = ((size_t)r * nh + u) * HD + d;
         if (qg) qg[at] = x;
-        if (gated) gate[at] = src[HD + d];
+        if (gated) gate[at] = gv;
         if (q16) q16[at] = f32_to_f16(x);
     } else {
-        const int g = u - nh;
         const size_t at = ((size_t)(slot + r) * nkv + g) * HD + d;
         kp[at] = f32_to_f16(x);
-        vp[at] = f32_to_f16(v[(size_t)r * kvs + g * HD + d]);
+        vp[at] = f32_to_f16(vv);
     }
 }
 

@@ -33,6 +33,22 @@ __device__ __forceinline__ float gdn_decay(float a, float a_log, float dt_bias) 
     return expf(g);
 }
 
+// p += x[c] * w[c] over the columns c, c + bd, ... while B of them fit below `hidden`, B columns'
+// loads in flight before any is added; c left at the first column not taken.
+template <int B>
+__device__ __forceinline__ void gdn_dot_run(const float* x, const float* w, int& c, int bd, int hidden, float& p) {
+    for (; c + (B - 1) * bd < hidden; c += B * bd) {
+        float xv[B], wv[B];
+#pragma unroll
+        for (int e = 0; e < B; ++e) {
+            xv[e] = x[c + e * bd];
+            wv[e] = w[c + e * bd];
+        }
+#pragma unroll
+        for (int e = 0; e < B; ++e) p += xv[e] * wv[e];
+    }
+}
+
 // hy_gdn_front: conv + SiLU + L2 norms of one row's head-wide channel unit, or one gate.
 //   unit u < cdim/dk of row r: y[c] = silu(sum_j taps[c][j] * x_{r-kk+1+j}[c]) for the unit's dk
 //     channels (x_m = raw row m of the window, or ring row kk-1+m when m < 0); q and k units are
@@ -43,12 +59,12 @@ __device__ __forceinline__ float gdn_decay(float a, float a_log, float dt_bias) 
 //   cq [n][cdim] f32 out; xn [n][hidden] f32 (the normed rows); aw, bw [nv][hidden] f32 (the f32
 //   in_proj_a / in_proj_b); a_log, dt_bias [nv] f32; gb [n][2*nv] f32 out.
 // Grid (cdim/dk + 2*nv, n), block max(dk, 64) threads (a multiple of 32). Assumes cdim % dk == 0
-// (dv == dk) and dk <= 1024. Reads the ring, does not move it (the scan does, after).
+// (dv == dk) and dk <= 512. Reads the ring, does not move it (the scan does, after).
 // PDL: the block's taps and ring lines, or its gate row, go to L2 (pf_l2) before pdl_begin.
-extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* ring, const float* taps, float* cq,
-                                        int n, int cdim, int kk, int nk, int dk, const float* xn, int hidden,
-                                        const float* aw, const float* bw, const float* a_log,
-                                        const float* dt_bias, float* gb, int nv) {
+extern "C" __global__ void __launch_bounds__(512, 1)
+    hy_gdn_front(const float* qkv, int qs, const float* ring, const float* taps, float* cq, int n, int cdim, int kk,
+                 int nk, int dk, const float* xn, int hidden, const float* aw, const float* bw, const float* a_log,
+                 const float* dt_bias, float* gb, int nv) {
     __shared__ float red[32];
     const int r = blockIdx.y, u = blockIdx.x, t = threadIdx.x;
     const int units = cdim / dk;
@@ -92,20 +108,14 @@ extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* r
     const float* w = (is_b ? bw : aw) + (size_t)h * hidden;
     const float* x = xn + (size_t)r * hidden;
     const int bd = blockDim.x;
-    // thread t's products in column order t, t + bd, ...: eight columns' loads in flight at a time
+    // thread t's products in column order t, t + bd, ...: 32 columns' loads in flight at a time
+    // (the 9B's whole share at 128 threads: one memory latency; __launch_bounds__ leaves ptxas the
+    // registers to issue all 64 before the first product), then 8, then one
     float p = 0.0f;
     int c = t;
-    for (; c + 7 * bd < hidden; c += 8 * bd) {
-        float xv[8], wv[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            xv[e] = x[c + e * bd];
-            wv[e] = w[c + e * bd];
-        }
-#pragma unroll
-        for (int e = 0; e < 8; ++e) p += xv[e] * wv[e];
-    }
-    for (; c < hidden; c += bd) p += x[c] * w[c];
+    gdn_dot_run<32>(x, w, c, bd, hidden, p);
+    gdn_dot_run<8>(x, w, c, bd, hidden, p);
+    gdn_dot_run<1>(x, w, c, bd, hidden, p);
     float dot = block_sum(p, red);
     if (t != 0) return;
     if (is_b) {
@@ -122,10 +132,11 @@ extern "C" __global__ void hy_gdn_front(const float* qkv, int qs, const float* r
 // The column scan (dk = 128): 32 value columns of one head a group of 128 threads; thread (warp w,
 // lane l) holds S[h][32w .. 32w+31][j0 + l] in registers over every row; the four warps' partial
 // sums meet in shared memory, added in warp order. Group c = threadIdx.x / 128 of the block (at most
-// four) takes column block blk + c, within one head.
+// four) takes column block blk + c, within one head. With osm != 0 (shared, [n][dv]) each output
+// o_j of row r also goes to osm[r][j] (j within the head).
 __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, const float* s_in, float* s_out,
                                           float* save, float* o, int n, int cdim, int nv, int nk, int dv,
-                                          int blk) {
+                                          int blk, float* osm = 0) {
     const int DK = 128;
     __shared__ float kq[2][2][DK];  // [row parity][k | q][i]
     __shared__ float red[4][2][4][32];  // [group][kv | o][warp][lane]
@@ -170,7 +181,11 @@ __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, cons
         }
         rc[1][w][l] = q;
         __syncthreads();
-        if (o && w == 0) o[(size_t)r * nv * dv + h * dv + j] = rc[1][0][l] + rc[1][1][l] + rc[1][2][l] + rc[1][3][l];
+        if (w == 0) {
+            const float oj = rc[1][0][l] + rc[1][1][l] + rc[1][2][l] + rc[1][3][l];
+            if (o) o[(size_t)r * nv * dv + h * dv + j] = oj;
+            if (osm) osm[r * dv + j] = oj;
+        }
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) s_out[base + (size_t)i * dv] = s[i];
@@ -254,12 +269,11 @@ extern "C" __global__ void hy_gdn_scan(const float* cq, const float* gb, float* 
 }
 
 // hy_gdn_out32's output for the value x at column j of head h of row r, whose head has mean square
-// ms: y into of and the planes (pointers as hy_gdn_out32's).
-__device__ __forceinline__ void gdn_norm_put(float x, float ms, int r, int h, int j, const float* z, int zs,
-                                             const float* norm, float* of, int nv, int dv, float eps, int sig,
-                                             int gemma, bf16* p0, bf16* p1, bf16* p2, int ps) {
-    const float zz = z[(size_t)r * zs + h * dv + j];
-    const float wn = gemma ? 1.0f + norm[j] : norm[j];
+// ms, gate input zz = z[r][h dv + j] and norm weight wn (gemma ? 1 + norm[j] : norm[j]): y into of
+// and the planes (pointers as hy_gdn_out32's).
+__device__ __forceinline__ void gdn_norm_put(float x, float ms, float zz, float wn, int r, int h, int j, float* of,
+                                             int nv, int dv, float eps, int sig, bf16* p0, bf16* p1, bf16* p2,
+                                             int ps) {
     const float y = x / sqrtf(ms + eps) * wn * (sig ? sigmoidf_(zz) : siluf_(zz));
     of[(size_t)r * nv * dv + h * dv + j] = y;
     put3(p0, p1, p2, (size_t)r * ps + h * dv + j, y);
@@ -279,8 +293,9 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
     const int r = blockIdx.x / nv, h = blockIdx.x % nv, j = threadIdx.x;
     const size_t at = (size_t)r * nv * dv + h * dv + j;
     const float x = o[at];
+    const float zz = z[(size_t)r * zs + h * dv + j], wn = gemma ? 1.0f + norm[j] : norm[j];
     const float ms = block_sum(x * x, red) / (float)dv;
-    gdn_norm_put(x, ms, r, h, j, z, zs, norm, of, nv, dv, eps, sig, gemma, p0, p1, p2, ps);
+    gdn_norm_put(x, ms, zz, wn, r, h, j, of, nv, dv, eps, sig, p0, p1, p2, ps);
 }
 
 // hy_gdn_scan4_out32: hy_gdn_scan4 and then hy_gdn_out32 in one launch, one block a value head, the
@@ -290,7 +305,11 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
 // it (dv threads a row, blockDim / dv rows at a time). Blocks x >= nv (ceil(cdim / blockDim) of them,
 // only when kk > 1) move the conv ring.
 // Pointers: hy_gdn_scan4's (cq .. save), then hy_gdn_out32's (z .. ps; o is the scan's).
-// Grid (nv + ring blocks, 1), block 4 * dv threads. Assumes dv % 32 == 0, dv <= 128, nv % nk == 0.
+// The norm reads the head's o from shared memory (gdn_cols4's osm), and each thread's first row's
+// gate input and its norm weight are loaded before the scan, so neither costs a memory latency
+// after it.
+// Grid (nv + ring blocks, 1), block 4 * dv threads. Assumes dv % 32 == 0, dv <= 128, nv % nk == 0;
+// traps when n > 16 (the small path's rows).
 // PDL: the head's state lines (128 dv floats) go to L2 (pf_l2) before pdl_begin.
 extern "C" __global__ void __launch_bounds__(512)
     hy_gdn_scan4_out32(const float* cq, const float* gb, float* S, float* o, int n, int cdim, int nv, int nk, int dv,
@@ -301,19 +320,22 @@ extern "C" __global__ void __launch_bounds__(512)
         const float* sh = S + (size_t)blockIdx.x * 128 * dv;
         for (int k = threadIdx.x; k < 4 * dv; k += blockDim.x) pf_l2(sh + (size_t)k * 32);
     }
+    if (n > 16) asm volatile("trap;");
     pdl_begin();
     __shared__ float ored[16];
+    __shared__ float osm[16 * 128];
     if ((int)blockIdx.x >= nv) {
         if (ring) gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nv) * blockDim.x + threadIdx.x);
         return;
     }
     const int h = blockIdx.x, j = threadIdx.x % dv, rr = threadIdx.x / dv, per = blockDim.x / dv;
-    gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, h * (dv / 32));
+    const float wn = gemma ? 1.0f + norm[j] : norm[j];
+    const float z0 = rr < n ? z[(size_t)rr * zs + h * dv + j] : 0.0f;
+    gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, h * (dv / 32), osm);
     __syncthreads();  // the head's o rows, written by the block
     for (int r0 = 0; r0 < n; r0 += per) {
         const int r = r0 + rr;
-        const size_t at = (size_t)r * nv * dv + h * dv + j;
-        const float x = r < n ? o[at] : 0.0f;
+        const float x = r < n ? osm[r * dv + j] : 0.0f;
         // block_sum over the row's dv threads: warp butterflies, then the row's warps in order
         const float ws = warp_sum(x * x);
         __syncthreads();  // ored may still be read by the previous rows
@@ -322,7 +344,8 @@ extern "C" __global__ void __launch_bounds__(512)
         float ss = 0.0f;
         for (int w = 0; w < dv / 32; ++w) ss += ored[rr * (dv / 32) + w];
         if (r >= n) continue;
-        gdn_norm_put(x, ss / (float)dv, r, h, j, z, zs, norm, of, nv, dv, eps, sig, gemma, p0, p1, p2, ps);
+        const float zz = r0 == 0 ? z0 : z[(size_t)r * zs + h * dv + j];
+        gdn_norm_put(x, ss / (float)dv, zz, wn, r, h, j, of, nv, dv, eps, sig, p0, p1, p2, ps);
     }
 }
 
