@@ -68,6 +68,9 @@ class Knobs:
     hyb_wd_bytes: int
     # Query rows one attention GEMM pass takes at most (`CMF_HYB_ATT_ROWS`, >= 16, default 128).
     hyb_att_rows: int
+    # Prompt-path attention in one kernel (hy_flash_h) where the geometry allows
+    # (`CORTIQ_DRV_FLASH=0`: the score GEMM passes; this port's own, the reference has no such kernel).
+    hyb_flash: bool
     # Seal attention layers once a prompt reaches this many rows (`CMF_O1_SEAL_AT`; None: never).
     o1_seal_at: int | None
     # The attention layers a seal takes (`CMF_O1_LAYERS=3,7`; None: every attention layer).
@@ -114,6 +117,7 @@ def _read(env) -> Knobs:
         hyb_kt=_int(env, "CMF_HYB_KT", None),
         hyb_wd_bytes=(_int(env, "CMF_HYB_WD_MB", 256) or 256) << 20,
         hyb_att_rows=att if att is not None and att >= 16 else 128,
+        hyb_flash=_flag(env, "CORTIQ_DRV_FLASH", True),
         o1_seal_at=_int(env, "CMF_O1_SEAL_AT", None),
         o1_layers=_ints(env, "CMF_O1_LAYERS"),
         o1_m=_int(env, "CMF_O1_M", 32) or 32,

@@ -101,7 +101,6 @@ def main(argv=None) -> int:
     from cortiq_drv.graph import build
     from cortiq_drv.hybrid import api
     from cortiq_drv.hybrid import big as bigmod
-    from cortiq_drv.hybrid import bigfit
     from cortiq_drv.hybrid import state as hstate
 
     cmf = MemCmf(SHAPES[a.shape], a.shape)
@@ -111,12 +110,13 @@ def main(argv=None) -> int:
     n = a.tokens
     # bench_prefill's prompt in one chunk: (seconds, the first logits)
     run = lambda seed: run_prompt(hs, cmf, g, geo, 2, n, n, np.random.default_rng(seed))
-    bigfit.FLASH = False
+    os.environ["CORTIQ_DRV_FLASH"] = "0"
+    knobs.reset()
     run(0)
     first = None
     for v in a.variants.split(","):
         name, fl, att = v.split(":")
-        bigfit.FLASH = fl == "1"
+        os.environ["CORTIQ_DRV_FLASH"] = fl
         os.environ["CMF_HYB_ATT_ROWS"] = att
         knobs.reset()
         _, logits = run(1)

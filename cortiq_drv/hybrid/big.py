@@ -264,7 +264,7 @@ def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stag
         raise CortiqError(f"K/V mirror holds {m.stored} of {m.cap} rows, the chunk is {b} rows at {pos0}")
     slot0, col_base = m.stored, 0
     m.stored += b
-    on = flash(plan)
+    on = flash(plan, cfg)
     # the f32 query copy only for the score GEMM's path (hy_flash_h reads the f16 one)
     qg = 0 if on else scr("hb_qg")
     ctx.launch(fx.qk, (nh + nkv, b), hd, 0,

@@ -27,8 +27,6 @@ WHOLE_CAP = 400 << 20
 SCAN_ROWS = 64
 # The fewest query rows an attention pass takes (CMF_HYB_ATT_ROWS' floor).
 MIN_ATT = 16
-# Attention by hy_flash_h where the geometry allows (`flash`).
-FLASH = True
 
 
 @dataclass(frozen=True)
@@ -36,18 +34,20 @@ class BigCfg:
     """How `big` runs a chunk: pieces of at most `rows` rows, weights expanded into a buffer of
     at most `wd_bytes` (one 16-row band of the widest weight at least), attention passes of at
     most `att_rows` query rows, the score scratch sized up front for `hint` keys (0: the
-    chunk's own)."""
+    chunk's own); attention by hy_flash_h where the geometry allows when `flash` (`flash()`)."""
 
     rows: int
     wd_bytes: int
     att_rows: int
     hint: int
+    flash: bool = True
 
 
 def configured(b: int, hint: int) -> BigCfg:
-    """The knobs' configuration for a chunk of b rows (`CMF_HYB_WD_MB`, `CMF_HYB_ATT_ROWS`)."""
+    """The knobs' configuration for a chunk of b rows (`CMF_HYB_WD_MB`, `CMF_HYB_ATT_ROWS`,
+    `CORTIQ_DRV_FLASH`)."""
     k = knobs.get()
-    return BigCfg(b, max(k.hyb_wd_bytes, 1 << 20), k.hyb_att_rows, hint)
+    return BigCfg(b, max(k.hyb_wd_bytes, 1 << 20), k.hyb_att_rows, hint, k.hyb_flash)
 
 
 def gdn_stride(g: GdnL) -> int:
@@ -61,10 +61,10 @@ def attn_stride(a, nkv: int, hd: int) -> int:
     return a.q.rows + 2 * nkv * hd
 
 
-def flash(plan) -> bool:
-    """Whether attention runs as hy_flash_h: head width a multiple of 16 up to 256 (its
-    accumulators), at most 8 query heads a KV head (its block)."""
-    return FLASH and plan.hd % 16 == 0 and plan.hd <= 256 and plan.hpk <= 8
+def flash(plan, cfg: BigCfg) -> bool:
+    """Whether attention runs as hy_flash_h: cfg asks for it, and the head width is a multiple of
+    16 up to 256 (its accumulators), at most 8 query heads a KV head (its block)."""
+    return cfg.flash and plan.hd % 16 == 0 and plan.hd <= 256 and plan.hpk <= 8
 
 
 def wmax(plan) -> tuple[int, int]:
@@ -128,7 +128,7 @@ def _attn_need(plan, a, b: int, pos0: int, cfg: BigCfg) -> dict:
     nh, nkv, hd = plan.nh, plan.nkv, plan.hd
     out = {"hb_q": b * attn_stride(a, nkv, hd) * 4, "hb_qgh": b * nh * hd * 2,
            "hb_gate": b * nh * hd * 4, "hb_ao": b * nh * hd * 2}
-    if flash(plan):
+    if flash(plan, cfg):
         return out
     s, p = score_bytes(pos0, b, 0, nkv, plan.hpk, cfg.att_rows, cfg.hint)
     out.update(hb_qg=b * nh * hd * 4, hb_aog=b * nh * hd * 4, hb_is=b * nh * 4, hb_s=s, hb_p=p)
@@ -171,7 +171,7 @@ def _candidates(plan, b: int, cfg: BigCfg):
     yield cfg
     _, cols = wmax(plan)
     steps = [replace(cfg, wd_bytes=min(cfg.wd_bytes, 16 * cols * 2))]
-    if not flash(plan):
+    if not flash(plan, cfg):
         steps.append(replace(steps[-1], hint=0))
         while steps[-1].att_rows > MIN_ATT:
             steps.append(replace(steps[-1], att_rows=max(steps[-1].att_rows // 2, MIN_ATT)))

@@ -30,6 +30,9 @@ __device__ __forceinline__ float bf16_to_f32(unsigned short b) {
     return __uint_as_float(((unsigned int)b) << 16);
 }
 
+// Two 16-bit values as one word, the first in the low half.
+__device__ __forceinline__ u32 pack2(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
+
 // f32 -> bf16 bits, round to nearest even (PTX cvt.rn.bf16.f32 needs sm_80, the floor here).
 __device__ __forceinline__ unsigned short f32_to_bf16(float f) {
     unsigned short b;
@@ -106,6 +109,14 @@ __device__ __forceinline__ void ldsm4(u32* r, u32 addr) {
                  : "memory");
 }
 __device__ __forceinline__ void ldsm4(u32* r, const void* p) { ldsm4(r, (u32)__cvta_generic_to_shared(p)); }
+
+// ldsm4 transposed: register i gets matrix i's column lane >> 2, rows 2 (lane & 3) and the next.
+__device__ __forceinline__ void ldsm4t(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((u32)__cvta_generic_to_shared(p))
+                 : "memory");
+}
 
 // Programmatic dependent launch (PDL). A kernel launched with the programmatic-serialization
 // attribute (Func.pdl on the host) may start while the kernel before it on the stream still runs;

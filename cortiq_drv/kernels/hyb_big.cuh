@@ -18,7 +18,7 @@
 
 // Two f32 values as packed f16 (the first in the low half).
 __device__ __forceinline__ u32 hb_h2(float lo, float hi) {
-    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
+    return pack2(f32_to_f16(lo), f32_to_f16(hi));
 }
 
 // Head h = g * hpk + i of query row r (g = h / hpk, i = h % hpk) in the group-major order

@@ -21,14 +21,6 @@
 // Blocks an SM keeps (the accumulators need about 200 registers a thread).
 #define HB_FMIN (HPK <= 4 ? 2 : 1)
 
-// ldsm4 (common.cuh) transposed: register i gets matrix i's column lane >> 2, rows 2 (lane & 3)
-// and the next.
-__device__ __forceinline__ void hb_ldsm4t(u32* r, const f16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((u32)__cvta_generic_to_shared(p)));
-}
-
 // d += A B, A 16 x 16 f16 (row), B 16 x 8 f16 (col), f32 accumulate.
 __device__ __forceinline__ void hb_mma16(float* d, const u32* a, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -151,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(32 * HPK, HB_FMIN)
                 const u16 h0 = f32_to_f16(exp2f(s[j][2 * e] - mx[e]));
                 const u16 h1 = f32_to_f16(exp2f(s[j][2 * e + 1] - mx[e]));
                 ls[e] += f16_to_f32(h0) + f16_to_f32(h1);
-                pa[j][e] = (u32)h0 | ((u32)h1 << 16);
+                pa[j][e] = pack2(h0, h1);
             }
 #pragma unroll
         for (int kk = 0; kk < HB_FK / 16; ++kk) {
@@ -159,7 +151,7 @@ extern "C" __global__ void __launch_bounds__(32 * HPK, HB_FMIN)
 #pragma unroll
             for (int j = 0; j < HD / 8; j += 2) {
                 u32 b[4];
-                hb_ldsm4t(b, vt + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * HB_FLD + 8 * j + (lane >> 4) * 8);
+                ldsm4t(b, vt + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * HB_FLD + 8 * j + (lane >> 4) * 8);
                 hb_mma16(o[j], a, b[0], b[1]);
                 hb_mma16(o[j + 1], a, b[2], b[3]);
             }

@@ -195,9 +195,9 @@ extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf
         bf16 hb[2], mb[2], lb[2];
 #pragma unroll
         for (int k = 0; k < 2; ++k) hy_split3(yv[e + k], hb[k], mb[k], lb[k]);
-        h[e >> 1] = hb[0] | ((u32)hb[1] << 16);
-        m[e >> 1] = mb[0] | ((u32)mb[1] << 16);
-        l[e >> 1] = lb[0] | ((u32)lb[1] << 16);
+        h[e >> 1] = pack2(hb[0], hb[1]);
+        m[e >> 1] = pack2(mb[0], mb[1]);
+        l[e >> 1] = pack2(lb[0], lb[1]);
     }
     const size_t at = (size_t)r * ps + 4 * (size_t)q;
     *(uint2*)(p0 + at) = make_uint2(h[0], h[1]);

@@ -66,7 +66,7 @@ def test_mid_prompt_matches_host(mid_arm, n, chunk):
 def test_bands_and_short_passes(mid_arm, monkeypatch):
     """Every weight expanded in 1 MiB bands (the stacked GEMMs then one each), attention as the
     score GEMM passes (not hy_flash_h) of 16 rows."""
-    monkeypatch.setattr(bigfit, "FLASH", False)
+    monkeypatch.setenv("CORTIQ_DRV_FLASH", "0")
     monkeypatch.setenv("CMF_HYB_WD_MB", "1")
     monkeypatch.setenv("CMF_HYB_ATT_ROWS", "16")
     knobs.reset()

@@ -257,8 +257,8 @@ def test_big_launches_match_the_kernel_signatures(hyb_tiny):
 
 
 @pytest.mark.parametrize("flash", [False, True])
-def test_big_gemm_shapes(hyb_tiny, monkeypatch, flash):
-    monkeypatch.setattr(bigfit, "FLASH", flash)
+def test_big_gemm_shapes(hyb_tiny, env, flash):
+    env(CORTIQ_DRV_FLASH=int(flash))
     hs, ctx, p, g = _prompt(hyb_tiny, [40, 17])
     weights = [x for x in ctx.gemms if x[0] == "gemm"]
     # q | k | v or qkv | z | a | b as one GEMM (bigfit's strides), o or out; gate/up and down, per

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import _fakecard
-from cortiq_drv import knobs
 from cortiq_drv.errors import Declined
 from cortiq_drv.hybrid import api, bigfit
 from cortiq_drv.hybrid.admit import admit
@@ -45,25 +44,10 @@ def _card(hyb_tiny):
     return hs, ctx, heap, p
 
 
-@pytest.fixture
-def env(monkeypatch):
-    """Set knobs for one test (knobs re-read after)."""
-
-    def set_(**kv):
-        for k, v in kv.items():
-            monkeypatch.setenv(k, str(v))
-        knobs.reset()
-
-    yield set_
-    monkeypatch.undo()
-    knobs.reset()
-
-
 @pytest.mark.parametrize("chunks,att,wd,flash", [([40, 300], 128, 64, True), ([40, 300], 128, 64, False),
                                                  ([300, 100], 16, 1, False)])
-def test_need_is_what_big_takes(hyb_tiny, env, monkeypatch, chunks, att, wd, flash):
-    monkeypatch.setattr(bigfit, "FLASH", flash)
-    env(CMF_HYB_ATT_ROWS=att, CMF_HYB_WD_MB=wd)
+def test_need_is_what_big_takes(hyb_tiny, env, chunks, att, wd, flash):
+    env(CMF_HYB_ATT_ROWS=att, CMF_HYB_WD_MB=wd, CORTIQ_DRV_FLASH=int(flash))
     hs, ctx, heap, p = _card(hyb_tiny)
     g = hyb_tiny[1]
     pos = 0
@@ -99,11 +83,10 @@ def test_fit_keeps_the_configuration_when_it_fits(hyb_tiny):
 
 
 @pytest.mark.parametrize("flash", [False, True])
-def test_fit_shrinks_in_order_then_declines(hyb_tiny, monkeypatch, flash):
-    monkeypatch.setattr(bigfit, "FLASH", flash)
+def test_fit_shrinks_in_order_then_declines(hyb_tiny, flash):
     _, _, _, p = _card(hyb_tiny)
-    assert bigfit.flash(p) == flash
-    cfg = bigfit.BigCfg(300, 64 * MiB, 128, 4096)
+    cfg = bigfit.BigCfg(300, 64 * MiB, 128, 4096, flash)
+    assert bigfit.flash(p, cfg) == flash
     steps = list(bigfit._candidates(p, 300, cfg))
     assert steps[0] == cfg and steps[1].wd_bytes == 16 * bigfit.wmax(p)[1] * 2
     if flash:
