@@ -124,9 +124,9 @@ __device__ __forceinline__ void ldsm4t(u32* r, const void* p) {
 // kernel launched without the attribute), then lets the next kernel on the stream launch, so its
 // launch and whatever it does before its own pdl_begin() (reads of data no kernel writes: weights)
 // overlap this kernel. Nothing before pdl_begin() may read what an earlier kernel writes or write
-// what one reads, but pf_l2 below and hy_scores / hy_values' call record (att_rows_pf), which
-// steers their prefetches and the exit of their blocks past the keys (no kernel that may still
-// run writes it). Every kernel the host marks pdl calls it on every path that touches memory.
+// what one reads, but pf_l2 below and the attention call record that hy_scores, hy_values and
+// hy_finish read (att_record; no kernel that may still run writes it), whose n0 and rb also steer
+// the first two's prefetches and the exit of their blocks past the keys (att_rows_pf). Every kernel the host marks pdl calls it on every path that touches memory.
 __device__ __forceinline__ void pdl_begin() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -19,33 +19,36 @@
 //   E  [n][nbcap][nh]       sum over the block's keys of exp(s - M)
 // A row's sums depend on its own keys and rb only, in a fixed order: never on n.
 
-// The call record's n0, rb, ncap, nbcap and far over the launch's own values when ci != 0 (a
-// kernel's unused fields cost nothing: their loads are dropped).
+// A record word from L2 (ld.global.cg; not volatile, so an unused one is never loaded).
+__device__ __forceinline__ int att_word_cg(const int* p) {
+    int v;
+    asm("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// The call record's n0, rb, ncap, nbcap and far over the launch's own values when ci != 0, read
+// from L2 ahead of pdl_begin (PDL, common.cuh): an upload before the step or the step's first
+// kernel (hy_copy16) wrote it, and the kernel that may still run (hy_qk, hy_scores or hy_values,
+// before hy_scores, hy_values and hy_finish) does not write it, with everything before that
+// kernel complete. A kernel's unused fields cost nothing.
 __device__ __forceinline__ void att_record(const int* ci, int& n0, int& rb, int& ncap, int& nbcap, int& far) {
     if (ci) {
-        n0 = ci[0];
-        rb = ci[2];
-        ncap = ci[3];
-        nbcap = ci[4];
-        far = ci[5];
+        n0 = att_word_cg(ci);
+        rb = att_word_cg(ci + 2);
+        ncap = att_word_cg(ci + 3);
+        nbcap = att_word_cg(ci + 4);
+        far = att_word_cg(ci + 5);
     }
 }
 
-// PDL: whether block (b, g, r) of a call has keys (b * rb < n0 + r + 1, r < n), and if so the
-// first ATT_PF keys' mirror rows it will read (K for hy_scores, V for hy_values) into L2 (pf_l2),
-// before pdl_begin: enough to cover the first loads' latency, and few enough (ATT_PF keys a
-// block) that a long context's blocks together stay well inside L2. The kernels return at once
-// when it is false, so the grid's many blocks past the keys leave without holding a slot while
-// the kernel before runs. The record's n0 and rb come from L2 (ld.global.cg): an upload before
-// the step or the step's first kernel (hy_copy16) wrote it, and the kernel that may still run is
-// hy_qk (hy_scores) or hy_scores (hy_values), with everything before it complete and nothing
-// that writes the record after it; the kernels read the record again after pdl_begin.
+// PDL: whether block (b, g, r) of a call with the record's n0 and rb has keys (b * rb < n0 + r +
+// 1, r < n), and if so the first ATT_PF keys' mirror rows it will read (K for hy_scores, V for
+// hy_values) into L2 (pf_l2), before pdl_begin: enough to cover the first loads' latency, and few
+// enough (ATT_PF keys a block) that a long context's blocks together stay well inside L2. The
+// kernels return at once when it is false, so the grid's many blocks past the keys leave without
+// holding a slot while the kernel before runs.
 #define ATT_PF 64
-__device__ __forceinline__ bool att_rows_pf(const f16* mp, const int* ci, int n0, int rb, int r0, int nkv, int n) {
-    if (ci) {
-        asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(n0) : "l"(ci));
-        asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(rb) : "l"(ci + 2));
-    }
+__device__ __forceinline__ bool att_rows_pf(const f16* mp, int n0, int rb, int r0, int nkv, int n) {
     const int r = blockIdx.z, g = blockIdx.y, t0 = (r0 + blockIdx.x) * rb;
     if (r >= n || t0 >= n0 + r + 1) return false;
     const int t1 = min(t0 + min(rb, ATT_PF), n0 + r + 1);
@@ -140,7 +143,9 @@ extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const f
 // r0: the first key block the grid stands for (0 on the small path).
 extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, float* Mx, int n0, int r0, int nkv,
                                      float scale, int rb, int ncap, int nbcap, int n, const int* ci) {
-    if (!att_rows_pf(kp, ci, n0, rb, r0, nkv, n)) return;
+    int far = 0;
+    att_record(ci, n0, rb, ncap, nbcap, far);
+    if (!att_rows_pf(kp, n0, rb, r0, nkv, n)) return;
     pdl_begin();
     __shared__ float qsm[HPK][HD];
     __shared__ float wm[8][HPK];
@@ -149,8 +154,7 @@ extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, f
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     const int E = HD / 32;
     // the lane's dims of every head in registers where they fit (the same products as from
-    // shared memory), loaded with the record (one memory latency for both), and fewer keys in
-    // flight where the heads take many registers
+    // shared memory), and fewer keys in flight where the heads take many registers
     const bool QREG = HPK * E <= 64;
     const float* qrow = qg + ((size_t)r * nh + g * HPK) * HD;
     float qr[QREG ? HPK : 1][E];
@@ -158,9 +162,7 @@ extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, f
     for (int i = 0; i < (QREG ? HPK : 0); ++i)
 #pragma unroll
         for (int e = 0; e < E; ++e) qr[i][e] = qrow[i * HD + l * E + e];
-    int far = 0;
-    att_record(ci, n0, rb, ncap, nbcap, far);
-    // the record read again holds att_rows_pf's n0 and rb: this block has keys
+    // this block has keys (att_rows_pf)
     const int keys = n0 + r + 1, t0 = b * rb;
     const int t1 = min(t0 + rb, keys);
     if (!QREG) {
@@ -213,16 +215,16 @@ extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, f
 // each taking every (256 / HD)-th head.
 extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16* vp, float* P, float* E, int n0, int r0,
                                      int nkv, int rb, int ncap, int nbcap, int n, const int* ci) {
-    if (!att_rows_pf(vp, ci, n0, rb, r0, nkv, n)) return;
+    int far = 0;
+    att_record(ci, n0, rb, ncap, nbcap, far);
+    if (!att_rows_pf(vp, n0, rb, r0, nkv, n)) return;
     pdl_begin();
     const int TPD = 256 / HD, NI = (HPK + TPD - 1) / TPD, VQ = (64 * HD / 8 + 255) / 256;
     __shared__ float pm[HPK][64];
     __shared__ __align__(16) u16 vs[64][HD];
     __shared__ float mx[HPK];
-    int far = 0;
-    att_record(ci, n0, rb, ncap, nbcap, far);
     const int r = blockIdx.z, g = blockIdx.y, b = r0 + blockIdx.x, t = threadIdx.x;
-    // the record read again holds att_rows_pf's n0 and rb: this block has keys
+    // this block has keys (att_rows_pf)
     const int keys = n0 + r + 1, nb = (keys + rb - 1) / rb;
     const int nh = nkv * HPK, d = t % HD, grp = t / HD;
     const float* srow = S + ((size_t)r * nh + g * HPK) * ncap;
@@ -300,9 +302,9 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
 // Grid (nh, n), block 256 threads; HD <= 256 (hy_values').
 extern "C" __global__ void hy_finish(const float* P, const float* E, const float* gate, bf16* p0, bf16* p1, bf16* p2,
                                      int ps, int n0, int rb, int nh, int nbcap, const int* ci) {
-    pdl_begin();
     int far = 0, ncap = 0;
     att_record(ci, n0, rb, ncap, nbcap, far);
+    pdl_begin();
     const int r = blockIdx.y, h = blockIdx.x;
     const int nb = (n0 + r + 1 + rb - 1) / rb;
     const float* er = E + (size_t)r * nbcap * nh + h;
@@ -310,6 +312,8 @@ extern "C" __global__ void hy_finish(const float* P, const float* E, const float
     // their loads are in flight together (HD <= blockDim.x: one column a thread at most)
     const int d = threadIdx.x;
     const float* pr = P + ((size_t)r * nbcap * nh + h) * HD + min(d, HD - 1);
+    // the gate's value loaded with the sums' first loads, not after them
+    const float gv = gate && d < HD ? gate[((size_t)r * nh + h) * HD + d] : 0.0f;
     float den = 0.0f, num = 0.0f;
 #pragma unroll 8
     for (int b = 0; b < nb; ++b) {
@@ -322,7 +326,7 @@ extern "C" __global__ void hy_finish(const float* P, const float* E, const float
     }
     if (d < HD) {
         float y = num / den;
-        if (gate) y = y * sigmoidf_(gate[((size_t)r * nh + h) * HD + d]);
+        if (gate) y = y * sigmoidf_(gv);
         put3(p0, p1, p2, (size_t)r * ps + h * HD + d, y);
     }
 }
