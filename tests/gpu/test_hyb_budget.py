@@ -85,7 +85,7 @@ def test_tight_budget_works_in_pieces_or_declines(arm, env, monkeypatch):
     other = sum(b.bytes for k, b in hs.scratch.items() if not k.startswith("hb_"))
     fixed = ctx.resident + ctx.kv_bytes + kv_seq + other
     # passes shrink only where attention keeps its scores in memory (not hy_flash_h)
-    att = 128 if bigfit.flash(plan) else 16
+    att = 128 if bigfit.flash(plan, f1.cfg) else 16
     small = bigfit.BigCfg(768, 16 * bigfit.wmax(plan)[1] * 2, att, 0)
     budget = -(-(fixed + sum(bigfit.chunk_need(plan, N, 0, small).values())) // MiB)
     env(CMF_GPU_VRAM_MB=budget)
