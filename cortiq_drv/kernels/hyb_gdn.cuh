@@ -16,6 +16,10 @@
 // only on the block shape, never on n: a window's row i is the one-row step at that position, bit
 // for bit, and a restore replays the same arithmetic.
 
+// Rows a small-path call carries at most (hybrid.state.NMAX): hy_gdn_scan4_out32 keeps a head's
+// output rows for them in shared memory.
+#define HY_NMAX 16
+
 // The conv ring after n more raw rows: ring'[j] = ([src (kk-1 rows) ; raw (n rows)])[n + j], for
 // channel c. dst may equal src: row j reads row n + j > j, which no earlier step has written.
 __device__ __forceinline__ void gdn_ring_move(float* dst, const float* src, const float* raw, int qs,
@@ -309,7 +313,7 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
 // gate input and its norm weight are loaded before the scan, so neither costs a memory latency
 // after it.
 // Grid (nv + ring blocks, 1), block 4 * dv threads. Assumes dv % 32 == 0, dv <= 128, nv % nk == 0;
-// traps when n > 16 (the small path's rows).
+// traps when n > HY_NMAX.
 // PDL: the head's state lines (128 dv floats) go to L2 (pf_l2) before pdl_begin.
 extern "C" __global__ void __launch_bounds__(512)
     hy_gdn_scan4_out32(const float* cq, const float* gb, float* S, float* o, int n, int cdim, int nv, int nk, int dv,
@@ -320,10 +324,10 @@ extern "C" __global__ void __launch_bounds__(512)
         const float* sh = S + (size_t)blockIdx.x * 128 * dv;
         for (int k = threadIdx.x; k < 4 * dv; k += blockDim.x) pf_l2(sh + (size_t)k * 32);
     }
-    if (n > 16) asm volatile("trap;");
+    if (n > HY_NMAX) asm volatile("trap;");
     pdl_begin();
     __shared__ float ored[16];
-    __shared__ float osm[16 * 128];
+    __shared__ float osm[HY_NMAX * 128];
     if ((int)blockIdx.x >= nv) {
         if (ring) gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nv) * blockDim.x + threadIdx.x);
         return;

@@ -185,11 +185,14 @@ class _Macros(dict):
 
 def test_launch_constants_are_the_kernels_macros():
     """big's launch geometry spells the kernels' macros (hyb_gdn_chunk.cuh, hyb_flash.cuh,
-    hyb_big.cuh): a launch with less dynamic shared memory than the kernel uses would corrupt it."""
+    hyb_big.cuh): a launch with less dynamic shared memory than the kernel uses would corrupt it;
+    the small path's rows are the rows hy_gdn_scan4_out32 keeps room for (hyb_gdn.cuh)."""
+    from cortiq_drv.hybrid.state import NMAX
     from cortiq_drv.kernels import source
 
     text = source("hyb.cu")
     m = _Macros(text)
+    assert NMAX == m["HY_NMAX"]
     assert (WY_SMEM, CHUNK_SMEM) == (m["HB_WY_SMEM"], m["HB_CHUNK_SMEM"])
     assert (CHUNK_WARPS, CONV_ROWS, bigfit.SCAN_ROWS, br.CHUNK) == (m["HB_CW"], m["HB_CONV_R"], m["HB_C"], m["HB_C"])
     for hpk, hd in [(1, 64), (2, 128), (4, 256), (5, 96), (8, 256)]:
