@@ -52,16 +52,10 @@ def rmsnorm_h(x: np.ndarray, w: np.ndarray, eps: float, gemma: bool) -> np.ndarr
     return rms_norm(x, w, eps, gemma).astype(np.float16)
 
 
-def gdn_conv(raw: np.ndarray, ring: np.ndarray, taps: np.ndarray) -> np.ndarray:
-    """`hy_gdn_conv32` before its L2 norms: raw [n, cdim] after ring [kk-1, cdim], taps [cdim, kk] ->
-    silu(conv) [n, cdim]."""
-    return conv_silu(ring, raw, taps)[0]
-
-
-def gdn_prep(cq: np.ndarray, nk: int, dk: int) -> np.ndarray:
-    """`hy_gdn_conv32`'s L2 norms: q and k heads of cq [n, cdim] L2-normed, q then times 1/sqrt(dk)
-    (a copy)."""
-    return qk_norm(cq, nk, dk)
+def gdn_conv32(raw: np.ndarray, ring: np.ndarray, taps: np.ndarray, nk: int, dk: int) -> np.ndarray:
+    """`hy_gdn_conv32`: raw [n, cdim] after ring [kk-1, cdim], taps [cdim, kk] -> silu(conv)
+    [n, cdim], its q and k heads L2-normed, q then times 1/sqrt(dk)."""
+    return qk_norm(conv_silu(ring, raw, taps)[0], nk, dk)
 
 
 def gdn_gates(ab: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray) -> np.ndarray:

@@ -122,7 +122,7 @@ def test_gdn_glue(ctx, kern, dev, n):
     gb = dev.new(n * 2 * nv * 4)
     ctx.launch(kern("hy_gdn_gb32"), grid(n * nv), 256, 0,
                kargs("QiQQQii", dev.put(abw), 2 * nv + 6, dev.put(c["a_log"]), dev.put(c["dt_bias"]), gb, n, nv))
-    want_cq = br.gdn_prep(br.gdn_conv(c["raw"], c["ring"], c["taps"]), nk, 128)
+    want_cq = br.gdn_conv32(c["raw"], c["ring"], c["taps"], nk, 128)
     assert rel_rms(dev.get(cq, F32, (n, cdim)), want_cq) < 1e-6
     assert dev.get(ring, F32, (kk - 1, cdim)).tobytes() == kr.ring_move(c["ring"], c["raw"]).tobytes()
     assert rel_rms(dev.get(gb, F32, (n, 2 * nv)), br.gdn_gates(ab, c["a_log"], c["dt_bias"])) < 1e-6

@@ -77,7 +77,7 @@ def test_gdn_glue_is_the_small_front():
     raw, ring, taps, xn, aw, bw, a_log, dt_bias = gdn_inputs(rng, 9)
     nk, dk = 2, 128
     cq_want, gb_want = kr.gdn_front(raw, ring, taps, xn, aw, bw, a_log, dt_bias, nk, dk)
-    cq = br.gdn_prep(br.gdn_conv(raw, ring, taps), nk, dk)
+    cq = br.gdn_conv32(raw, ring, taps, nk, dk)
     gb = br.gdn_gates(np.concatenate([xn @ aw.T, xn @ bw.T], axis=1), a_log, dt_bias)
     assert rel_rms(cq, cq_want) < 1e-6
     assert rel_rms(gb, gb_want) < 1e-6
