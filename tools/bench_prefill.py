@@ -78,17 +78,18 @@ class MemCmf:
 
 
 def _weights(g) -> list[tuple[int, int]]:
-    """(rows, cols) of every weight GEMM of one prompt pass over the trunk."""
+    """(rows, cols) of every weight GEMM of one prompt pass over the trunk, stacked as `big` runs
+    them: qkv | z | a | b or q | k | v as one GEMM (bigfit's strides, unrounded), then out or o,
+    the gate/up pair, down."""
     from cortiq_drv.graph import GraphAttn
 
     out = []
     for l in g.layers:
         a, f = l.attn, l.ffn
         if isinstance(a, GraphAttn.Gdn):
-            out += [(a.qkv.rows, a.qkv.cols), (a.z.rows, a.z.cols), (a.nv, g.hidden), (a.nv, g.hidden),
-                    (a.out.rows, a.out.cols)]
+            out += [(a.qkv.rows + a.z.rows + 2 * a.nv, g.hidden), (a.out.rows, a.out.cols)]
         else:
-            out += [(w.rows, w.cols) for w in (a.wq, a.wk, a.wv, a.wo)]
+            out += [(a.wq.rows + a.wk.rows + a.wv.rows, g.hidden), (a.wo.rows, a.wo.cols)]
         out += [(2 * f.gate.rows, g.hidden), (f.down.rows, f.down.cols)]
     return out
 
