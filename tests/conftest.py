@@ -1,10 +1,12 @@
-"""Test harness: the `gpu` marker and `--require-gpu`.
+"""Test harness: the `gpu` marker and `--require-gpu`, and knobs set for one test (`env`).
 
 Without a CUDA device every `gpu` test is skipped with the reason; `--require-gpu` turns those
 skips into failures, so a GPU run cannot pass by skipping.
 """
 
 import pytest
+
+from cortiq_drv import knobs
 
 
 def pytest_addoption(parser):
@@ -38,3 +40,21 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def _gpu_required(request):
     pytest.fail(f"--require-gpu: no CUDA device: {request.config._cortiq_no_gpu_reason}")
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """Set knobs for one test: env(NAME=value, ...), None unsetting one (knobs re-read then, and
+    again after)."""
+
+    def set_(**kv):
+        for k, v in kv.items():
+            if v is None:
+                monkeypatch.delenv(k, raising=False)
+            else:
+                monkeypatch.setenv(k, str(v))
+        knobs.reset()
+
+    yield set_
+    monkeypatch.undo()
+    knobs.reset()

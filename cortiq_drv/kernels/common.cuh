@@ -126,7 +126,8 @@ __device__ __forceinline__ void ldsm4t(u32* r, const void* p) {
 // overlap this kernel. Nothing before pdl_begin() may read what an earlier kernel writes or write
 // what one reads, but pf_l2 below and the attention call record that hy_scores, hy_values and
 // hy_finish read (att_record; no kernel that may still run writes it), whose n0 and rb also steer
-// the first two's prefetches and the exit of their blocks past the keys (att_rows_pf). Every kernel the host marks pdl calls it on every path that touches memory.
+// the first two's prefetches and the exit of their blocks past the keys (att_rows_pf). Every
+// kernel the host marks pdl calls it on every path that touches memory.
 __device__ __forceinline__ void pdl_begin() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -112,7 +112,8 @@ extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const f
     const bool rot = half > 0 && d < 2 * half;
     float x = src[d];
     const float wv = nw ? nw[d] : 0.0f;
-    const float sn = rot ? tab[((size_t)r * half + j) * 2] : 0.0f, cs = rot ? tab[((size_t)r * half + j) * 2 + 1] : 0.0f;
+    const float sn = rot ? tab[((size_t)r * half + j) * 2] : 0.0f;
+    const float cs = rot ? tab[((size_t)r * half + j) * 2 + 1] : 0.0f;
     const float gv = isq && gated ? src[HD + d] : 0.0f, vv = isq ? 0.0f : v[(size_t)r * kvs + g * HD + d];
     if (nw) {
         const float ms = block_sum(x * x, red) / (float)HD;

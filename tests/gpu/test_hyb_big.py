@@ -15,8 +15,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cortiq_drv import knobs
-from cortiq_drv.hybrid import bigfit
 
 pytestmark = pytest.mark.gpu
 
@@ -63,15 +61,8 @@ def test_mid_prompt_matches_host(mid_arm, n, chunk):
     _check(mid_arm, n, chunk, n + chunk)
 
 
-def test_bands_and_short_passes(mid_arm, monkeypatch):
+def test_bands_and_short_passes(mid_arm, env):
     """Every weight expanded in 1 MiB bands (the stacked GEMMs then one each), attention as the
     score GEMM passes (not hy_flash_h) of 16 rows."""
-    monkeypatch.setenv("CORTIQ_DRV_FLASH", "0")
-    monkeypatch.setenv("CMF_HYB_WD_MB", "1")
-    monkeypatch.setenv("CMF_HYB_ATT_ROWS", "16")
-    knobs.reset()
-    try:
-        _check(mid_arm, 200, 90, 5)
-    finally:
-        monkeypatch.undo()
-        knobs.reset()
+    env(CORTIQ_DRV_FLASH=0, CMF_HYB_WD_MB=1, CMF_HYB_ATT_ROWS=16)
+    _check(mid_arm, 200, 90, 5)

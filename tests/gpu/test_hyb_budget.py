@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 import _dev
-from cortiq_drv import knobs
 from cortiq_drv.default_model import build_model
 from cortiq_drv.engine import Engine
 from cortiq_drv.errors import Declined
@@ -36,21 +35,6 @@ TOL = 2e-3
 @pytest.fixture(scope="module")
 def arm(tmp_path_factory):
     return _dev.Arm(_dev.write_model(_dev.MID, tmp_path_factory.mktemp("m") / "mid.cmf"))
-
-
-@pytest.fixture
-def env(monkeypatch):
-    def set_(**kv):
-        for k, v in kv.items():
-            if v is None:
-                monkeypatch.delenv(k, raising=False)
-            else:
-                monkeypatch.setenv(k, str(v))
-        knobs.reset()
-
-    yield set_
-    monkeypatch.undo()
-    knobs.reset()
 
 
 def _run(arm, kv, ids):

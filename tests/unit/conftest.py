@@ -1,10 +1,8 @@
-"""Fixtures shared by the unit tests: NVRTC's presence, the hybrid arm's tiny model, knobs set
-for one test."""
+"""Fixtures shared by the unit tests: NVRTC's presence, the hybrid arm's tiny model."""
 
 import pytest
 
 import _tiny
-from cortiq_drv import knobs
 from cortiq_drv.cmf import CmfFile
 from cortiq_drv.graph import build as graph_build
 
@@ -29,17 +27,3 @@ def nvrtc_ok():
         nvrtc.nvrtc_version()
     except NvrtcError as e:
         pytest.skip(f"NVRTC cannot be loaded: {e}")
-
-
-@pytest.fixture
-def env(monkeypatch):
-    """Set knobs for one test: env(NAME=value, ...) (knobs re-read then, and again after)."""
-
-    def set_(**kv):
-        for k, v in kv.items():
-            monkeypatch.setenv(k, str(v))
-        knobs.reset()
-
-    yield set_
-    monkeypatch.undo()
-    knobs.reset()
