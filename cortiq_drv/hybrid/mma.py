@@ -192,21 +192,26 @@ def job_table(list_, kind: int, tb: int) -> tuple[np.ndarray, int]:
     return jobs, blk
 
 
+# Rows of a set from which its tiles are split over 8 warps, not 16 (`set_rules`).
+KS16_ROWS = 10240
+
+
 def set_rules(rows: list[int]) -> tuple[bool, bool]:
     """(ks16, tb1) of a launch over matrices of these row counts (`mmaset_kind_`): ks16: 16 warps
-    a tile (KS 16) while the set has fewer than 12 288 rows in all, 8 from there. The reference's
-    3090 rule takes the largest matrix, under 16 384 rows; on the H200 KS 16 wins on the 9B down
-    (24.2 against 37.1 us at one row) and o, and KS 8 on the 9B GDN qkv + z set of 12 288 rows at
-    one row (14.4 against 18.8 us; at 16 rows 79 against 68 us: one-row decode is the common
-    call). The 27B attention q + k + v (14 336 rows) falls on the KS 8 side unmeasured. tb1: one
-    tile a block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes
-    the arithmetic, and it depends on the matrices alone.
+    a tile (KS 16) while the set has fewer than KS16_ROWS rows in all, 8 from there. The
+    reference's 3090 rule takes the largest matrix, under 16 384 rows; on the H200 at one row
+    (`bench_kernels --models 9B --rows 1 --variants all`) KS 16 wins on the 9B down (11.96 against
+    14.55 us, staged) and o (6.59 against 7.93 us) and on q alone (8192 rows: 9.59 against
+    10.28 us), KS 8 on the attention q + k + v set of 10 240 rows (10.55 against 12.69 us; at 16
+    rows 74.9 against 67.8 us) and on the GDN qkv + z set of 12 288 (11.57 against 15.81 us;
+    earlier at 16 rows 79 against 68 us): one-row decode is the common call. tb1: one tile a block when every matrix is short (K/V,
+    <= 2048 rows). Only ks16 changes the arithmetic, and it depends on the matrices alone.
 
     The reference's third rule, tb1_n1 (one tile a block for one-row calls of 12 288 rows or
     more, against a launch's tail), is not kept: hy_mmp's grid walks its work items, so there is
     no tail to save, and on the H200 TB 1 lost at one row (9B gate/up 55.0 against 45.5 us, head
     473 against 372 us)."""
-    return sum(rows) < 12288, max(rows) <= 2048
+    return sum(rows) < KS16_ROWS, max(rows) <= 2048
 
 
 def variant(n: int, ks16: bool, tb1: bool) -> tuple[int, int, int]:

@@ -125,13 +125,14 @@ def test_mmaset_rules():
     # a 9B gate/up pair: KS 8, two tiles a block
     assert mma.set_rules([24576]) == (False, False)
     assert mma.set_rules([8192]) == (True, False)
-    # the rows of the whole set count: a 9B attention q + k + v stays at KS 16, its GDN qkv + z
-    # set (the plan's: a and b are f32, hy_gdn_front's) is exactly at the edge and goes to KS 8
-    assert mma.set_rules([8192, 1024, 1024]) == (True, False)
+    # the rows of the whole set count: a 9B attention q + k + v (exactly at the edge) and its GDN
+    # qkv + z set (the plan's: a and b are f32, hy_gdn_front's) go to KS 8
+    assert mma.set_rules([8192, 1024, 1024]) == (False, False)
+    assert mma.set_rules([8192, 1024, 1023]) == (True, False)
     assert mma.set_rules([8192, 4096]) == (False, False)
     assert mma.set_rules([8192, 4096, 32, 32]) == (False, False)
-    assert mma.set_rules([12287]) == (True, False)
-    assert mma.set_rules([12288]) == (False, False)
+    assert mma.set_rules([10239]) == (True, False)
+    assert mma.set_rules([10240]) == (False, False)
     assert mma.set_rules([2048, 2049]) == (True, False)
     assert mma.variant(1, True, False) == (0, 2, 16)
     assert mma.variant(2, False, True) == (0, 1, 8)
