@@ -72,6 +72,8 @@ struct HySmem {
     float lad[TB][16][33];
     __align__(16) float red[KS][TB][128];
     float out[TB][16][8 * NC];
+    // each warp's mbarrier of its staged columns' bulk copies (hy_mmvs, sm_90)
+    unsigned long long mbar[KS];
 };
 
 // A group's B fragments of each n-tile (k-step 0: b0, b1; k-step 1: b0, b1), from this lane's
@@ -220,8 +222,35 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     pdl_begin();
     pf_res();
     if (SB) {
-        // the warp's own groups of the call's columns (only its lanes read them), 16 bytes a
-        // copy, as one more cp.async group, waited for with the first stages (issued before it)
+        // the warp's own groups of the call's columns (only its lanes read them)
+#if __CUDA_ARCH__ >= 900
+        // one bulk copy a column, counted on the warp's own mbarrier: waiting for them does not
+        // wait for the weight stages in flight before them
+        const u32 mb = (u32)__cvta_generic_to_shared(&sm.mbar[w]);
+        if (lane == 0) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mb) : "memory");
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mb), "r"(3 * n * ng * 64)
+                         : "memory");
+            for (int c = 0; c < 3 * n && ng > 0; ++c) {
+                const int r = c / 3, p = c - 3 * r;
+                const bf16* src = (p == 0 ? p0 : (p == 1 ? p1 : p2)) + (size_t)r * xs + (size_t)g_lo * 32;
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                                 bsm + (u32)(c * sbs + g_lo * 64)),
+                             "l"(src), "r"(ng * 64), "r"(mb)
+                             : "memory");
+            }
+        }
+        __syncwarp();
+        for (u32 done = 0; !done;)
+            asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], 0; selp.u32 %0, 1, 0, q; }"
+                         : "=r"(done)
+                         : "r"(mb)
+                         : "memory");
+#else
+        // 16 bytes a copy, as one more cp.async group, waited for with the first stages (issued
+        // before it)
         for (int c = 0; c < 3 * n; ++c) {
             const int r = c / 3, p = c - 3 * r;
             const bf16* src = (p == 0 ? p0 : (p == 1 ? p1 : p2)) + (size_t)r * xs + (size_t)g_lo * 32;
@@ -231,6 +260,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         cp_async_commit();
         cp_async_wait<0>();
         __syncwarp();
+#endif
     }
     if (PF) ldb(bb[0], 0, ng > 0);
     __syncthreads();
