@@ -83,13 +83,13 @@ def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, k
     for gs in gdn:
         gs.next_pos = end
         gs.tape = tp
-    ci = np.empty((len(kv), 8), dtype=np.int32)
-    # one record per distinct row count (the attention layers of a stack hold the same rows)
-    recs = {s: record(s, n) for s in {m.stored for m in kv}}
-    for i, m in enumerate(kv):
-        ci[i] = recs[m.stored]
+    stored = [m.stored for m in kv]
+    # one record per distinct row count (the attention layers of a stack hold the same rows),
+    # the records made into one array at once
+    recs = {s: record(s, n) for s in set(stored)}
+    ci = np.array([w for s in stored for w in recs[s]], dtype=np.int32)
     for m in kv:
         m.stored += n
     keys_max = max((r[0] + n for r in recs.values()), default=0)
     nbcap_max = max((r[4] for r in recs.values()), default=0)
-    return Book(views, ci.reshape(-1), _scratch(hs, plan, keys_max, nbcap_max, kcap), lsig)
+    return Book(views, ci, _scratch(hs, plan, keys_max, nbcap_max, kcap), lsig)
