@@ -11,7 +11,6 @@ groups) changes them, and it depends on the matrices alone (`ks16`), never on n.
 from __future__ import annotations
 
 import ctypes
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -226,25 +225,27 @@ def rows_cap(nt: int) -> int:
     return 8 * nt if nt else 2
 
 
+def jobs_block(jobs: np.ndarray):
+    """The `HyJobs` block a launch takes by value: `jobs`, then zeroed records up to MAXJ (ctypes
+    bytes; made once a set and shared by its launches' JobArgs)."""
+    table = np.zeros(MAXJ, dtype=HYJOB)
+    table[:len(jobs)] = jobs
+    return ctypes.create_string_buffer(table.tobytes(), table.nbytes)
+
+
 class JobArgs:
-    """An hy_mmp / hy_mmv launch's parameters: the job table by value (`HyJobs`: MAXJ records,
-    those past the set's unused), then nj, p0, p1, p2, xs, n, cols. kargs packs 8-byte slots only,
-    so the block is packed here; `addr` is the `void**` a launch takes (the driver copies the
-    values at launch, a graph capture records them)."""
+    """An hy_mmp / hy_mmv launch's parameters: the job table by value (`block`, a `jobs_block` of
+    nj records), then nj, p0, p1, p2, xs, n, cols packed by KArgs (its checks, its 8-byte slots);
+    `addr` is the `void**` a launch takes (the driver copies the values at launch, a graph capture
+    records them)."""
 
-    __slots__ = ("addr", "_table", "_slots", "_ptrs")
+    __slots__ = ("addr", "_block", "_rest", "_ptrs")
 
-    def __init__(self, jobs: np.ndarray, p: Planes, n: int, cols: int):
-        table = np.zeros(MAXJ, dtype=HYJOB)
-        table[:len(jobs)] = jobs
-        self._table = ctypes.create_string_buffer(table.tobytes(), table.nbytes)
-        rest = (len(jobs), p.p0, p.p1, p.p2, p.stride, n, cols)
-        self._slots = (ctypes.c_uint64 * len(rest))()  # [7] 8-byte argument slots
-        for i, (code, v) in enumerate(zip("iQQQiii", rest)):
-            struct.pack_into("<" + code, self._slots, 8 * i, v)
-        base = ctypes.addressof(self._slots)
-        self._ptrs = (ctypes.c_void_p * (1 + len(rest)))(ctypes.addressof(self._table),
-                                                          *[base + 8 * i for i in range(len(rest))])
+    def __init__(self, block, nj: int, p: Planes, n: int, cols: int):
+        self._block = block
+        self._rest = kargs("iQQQiii", nj, p.p0, p.p1, p.p2, p.stride, n, cols)
+        slots = (ctypes.c_void_p * len(self._rest)).from_address(self._rest.addr)
+        self._ptrs = (ctypes.c_void_p * (1 + len(self._rest)))(ctypes.addressof(block), *slots)
         self.addr = ctypes.addressof(self._ptrs)
 
 
@@ -269,6 +270,7 @@ class MmaSet:
         tables = [job_table(list_, kind, tb) for tb in (1, 2)]
         self.jobs = [t for t, _ in tables]
         self.blocks = [b for _, b in tables]
+        self._hyjobs = [jobs_block(t) for t in self.jobs]
         self.ks16, self.tb1 = set_rules([s.rows for s in list_])
         self._calls = {}  # (fx, nt, tb, ks, staged, planes, n): ctx.launch's arguments
 
@@ -291,7 +293,7 @@ class MmaSet:
         call = self._calls.get(key)
         if call is None:
             f, smem, cap = self.pick(fx, p, n, nt, tb, ks, staged)
-            args = JobArgs(self.jobs[tb - 1], p, n, self.cols)
+            args = JobArgs(self._hyjobs[tb - 1], len(self.jobs[tb - 1]), p, n, self.cols)
             call = self._calls[key] = (f, (min(self.blocks[tb - 1], cap), 1), 32 * ks, smem, args)
         ctx.launch(*call)
 

@@ -162,7 +162,8 @@ def test_every_mmp_variant_is_an_entry_point():
 
 
 def test_job_args_carry_the_table_by_value():
-    """The launch block: argument 0 the HY_MAXJ-record table (HyJobs), then nj, p0..p2, xs, n, cols."""
+    """The launch block: argument 0 the HY_MAXJ-record table (HyJobs), then nj, p0..p2, xs, n, cols,
+    packed by kargs (its checks)."""
     import ctypes
     import re
 
@@ -171,12 +172,15 @@ def test_job_args_carry_the_table_by_value():
     assert int(re.search(r"#define HY_MAXJ (\d+)", source("hyb_mma.cuh")).group(1)) == mma.MAXJ
     specs = [mma.JobSpec(_Mat(40, 0x1000), 0xA000, 0, 40, 40), mma.JobSpec(_Mat(16, 0x2000), 0xB000, 0, 16, 16)]
     jobs, _ = mma.job_table(specs, mma.KIND_Q4TP, 2)
-    a = mma.JobArgs(jobs, mma.Planes(0x10, 0x20, 0x30, 72), 3, 64)
+    a = mma.JobArgs(mma.jobs_block(jobs), len(jobs), mma.Planes(0x10, 0x20, 0x30, 72), 3, 64)
     ptrs = (ctypes.c_void_p * 8).from_address(a.addr)
     table = ctypes.string_at(ptrs[0], mma.MAXJ * 56)
     assert table[:112] == jobs.tobytes() and table[112:] == bytes(mma.MAXJ * 56 - 112)
     assert [ctypes.c_int32.from_address(ptrs[i]).value for i in (1, 5, 6, 7)] == [2, 72, 3, 64]
     assert [ctypes.c_uint64.from_address(ptrs[i]).value for i in (2, 3, 4)] == [0x10, 0x20, 0x30]
+    # the values go through kargs' checks: a stride past int32 is refused, not wrapped
+    with pytest.raises(CortiqError, match="kargs: argument 4"):
+        mma.JobArgs(mma.jobs_block(jobs), len(jobs), mma.Planes(0x10, 0x20, 0x30, 1 << 31), 3, 64)
     with pytest.raises(CortiqError, match="at most"):
         mma.MmaSet(None, specs * 5, mma.KIND_Q4TP)
 
