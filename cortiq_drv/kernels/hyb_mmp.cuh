@@ -308,9 +308,9 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
 //   one bulk copy a column on the warp's mbarrier, so it does not wait for the weight stages in
 //   flight; sm_80: cp.async), then reads them there with ldmatrix rather than from L2 a group
 //   ahead (the same values, so the same bits). For blocks that walk many groups (a long K, or
-//   many items a block), where that latency is not hidden. Launch as hy_mmv with 3 n hy_sb_stride(cols / 32) more bytes of dynamic
-//   shared memory (traps when given less, or given planes not 16-byte aligned or, at two rows,
-//   xs % 8 != 0).
+//   many items a block), where that latency is not hidden. Launch as hy_mmv with 3 n
+//   hy_sb_stride(cols / 32) more bytes of dynamic shared memory (traps when given less, or given
+//   planes not 16-byte aligned or, at two rows, xs % 8 != 0).
 template <int TB, int KS, bool SB>
 __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                        const bf16* p2, int xs, int n, int cols) {

@@ -236,9 +236,9 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             for (int c = 0; c < 3 * n && ng > 0; ++c) {
                 const int r = c / 3, p = c - 3 * r;
                 const bf16* src = (p == 0 ? p0 : (p == 1 ? p1 : p2)) + (size_t)r * xs + (size_t)g_lo * 32;
-                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                                 bsm + (u32)(c * sbs + g_lo * 64)),
-                             "l"(src), "r"(ng * 64), "r"(mb)
+                const u32 dst = bsm + (u32)(c * sbs + g_lo * 64);
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                             ::"r"(dst), "l"(src), "r"(ng * 64), "r"(mb)
                              : "memory");
             }
         }
