@@ -18,7 +18,6 @@ through pinned staging. Kernels and their layouts: kernels/hyb_big.cuh, hyb_flas
 from __future__ import annotations
 
 import functools
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -29,7 +28,7 @@ from cortiq_drv.errors import CortiqError
 from cortiq_drv.hybrid.bigfit import (SCAN_ROWS, BigCfg, Fit, att_passes, attn_stride, configured, flash, gdn_stride,
                                       need, pieces, score_bytes)
 from cortiq_drv.hybrid.mma import KIND_Q4TP
-from cortiq_drv.hybrid.launch import rope_rows
+from cortiq_drv.hybrid.launch import Stages, rope_rows
 from cortiq_drv.hybrid.plan import GdnL
 
 # Bytes of a piece of the input rows' pinned staging (`_stage_rows`), and the threads filling it.
@@ -72,22 +71,6 @@ class BigProf:
 PROF = BigProf()
 
 
-class _Stages:
-    """`bst`: with the profile on, a mark syncs the stream and adds the time since the last mark
-    to stage s; off, marks cost nothing."""
-
-    def __init__(self, ctx, on: bool):
-        self.ctx, self.on = ctx, on
-        self.t = time.perf_counter_ns()
-
-    def mark(self, s: int) -> None:
-        if self.on:
-            self.ctx.sync()
-            now = time.perf_counter_ns()
-            PROF.ns[s] += now - self.t
-            self.t = now
-
-
 @functools.lru_cache(maxsize=1)
 def _stage_pool() -> ThreadPoolExecutor:
     """The threads that fill the pinned staging (numpy's copies release the GIL)."""
@@ -121,7 +104,7 @@ class _Mul:
     weight expanded into `wd` (`wd_elems` elements; a band of tiles at a time when it is larger),
     then a GEMM. `stacked` runs weights that share x as one GEMM when they fit `wd` together."""
 
-    def __init__(self, ctx, fx, wd, wd_elems: int, b: int, st: _Stages):
+    def __init__(self, ctx, fx, wd, wd_elems: int, b: int, st: Stages):
         self.ctx, self.fx, self.wd, self.wd_elems, self.b, self.st = ctx, fx, wd, wd_elems, b, st
 
     def _expand(self, m, dst: int, t0: int = 0, nt: int = 0) -> None:
@@ -186,7 +169,7 @@ class _Mul:
         self.st.mark(2)
 
 
-def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: _Stages, scr) -> None:
+def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: Stages, scr) -> None:
     """A GDN layer over the chunk: qkv, z and a / b (one GEMM, `gdn_stride`), the glue, the
     chunked scan (the state at the chunk's end), the gated norm, out added to the residual."""
     ctx, fx, hidden = hs.ctx, plan.fx, plan.hidden
@@ -247,7 +230,7 @@ def attend(ctx, fx, scr, kp, vp, qgh, aog, bis, pos0: int, b: int, col_base: int
                                      dev_ptr(aog) + b0 * grow * 4, hd, b * grow, nkv)
 
 
-def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stages, cfg: BigCfg, scr) -> None:
+def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: Stages, cfg: BigCfg, scr) -> None:
     """A gated attention layer over the chunk: q, k, v (one GEMM, `attn_stride`); norms, rotary,
     the chunk's K/V rows into the mirror; attention (`hy_flash_h`, else per pass the score GEMM,
     the masked softmax, the value GEMM, then the normalised, gated output); o added to the
@@ -286,7 +269,7 @@ def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: _Stag
     mul(a.o, bao, bh, hidden, 1.0, 1.0)
 
 
-def _ffn(hs, plan, pl, b: int, bxn, bh, mul: _Mul, st: _Stages, scr) -> None:
+def _ffn(hs, plan, pl, b: int, bxn, bh, mul: _Mul, st: Stages, scr) -> None:
     """The dense FFN over the chunk: the post norm, gate/up as one GEMM in the pair's row order,
     silu(gate) * up / 16 in f16, down with alpha 16 added to the residual."""
     ctx, fx, inter = hs.ctx, plan.fx, pl.inter
@@ -312,7 +295,7 @@ def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: 
     positions = [int(p) for p in positions]
     b, pos0, hidden = len(positions), positions[0], plan.hidden
     cfg = configured(b, hs.kv_hint) if cfg is None else cfg
-    st = _Stages(ctx, hs.prof)
+    st = Stages(ctx, PROF.ns, hs.prof)
     # the named scratch, each as large as bigfit's `need` says for this call (`prepare` has
     # allocated them for a chunk's pieces)
     sizes = need(plan, b, pos0, cfg)

@@ -127,7 +127,7 @@ def run_small(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bo
             io.launch_out(ctx, plan.fx)
 
     if not graphs_on(hs, kt is not None):
-        body(kt or hs.ctx, Stages(hs, n, hs.prof))
+        body(kt or hs.ctx, Stages(hs.ctx, hs.counters.stage_ns[min(n, NMAX)], hs.prof))
         hs.counters.launched_ns = time.perf_counter_ns()
         return rows
     key = graph_key(plan, kv_id, layer_base, n, tape, head, taps, pick is not None, staged)

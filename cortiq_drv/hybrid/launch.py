@@ -56,18 +56,19 @@ class HFuncs(MmaFuncs):
 
 
 class Stages:
-    """`hst`: with the profile on, each mark syncs the stream and adds the time since the last
-    one to stage s of calls of n rows; off, marks cost nothing."""
+    """`hst` and `bst` (CMF_CUDA_PROF): with the profile on, each mark syncs `ctx`'s stream and
+    adds the time since the last one to acc[s] (a row of stage totals: the small path's for calls
+    of n rows, the prompt path's); off, marks cost nothing."""
 
-    def __init__(self, hs, n: int, on: bool):
-        self.hs, self.n, self.on = hs, min(n, 16), on
+    def __init__(self, ctx, acc, on: bool):
+        self.ctx, self.acc, self.on = ctx, acc, on
         self.t = time.perf_counter_ns()
 
     def mark(self, s: int) -> None:
         if self.on:
-            self.hs.ctx.sync()
+            self.ctx.sync()
             now = time.perf_counter_ns()
-            self.hs.counters.stage_ns[self.n, s] += now - self.t
+            self.acc[s] += now - self.t
             self.t = now
 
 
@@ -156,7 +157,7 @@ def _attn(ctx, plan, a, kv, rec, cip: int, scratch, n: int, tab, st: Stages) -> 
 def launch(ctx, plan, bk, n: int, tape: bool, taps=(), st: Stages | None = None) -> None:
     """Every layer over the n rows in `plan.rows.h` (`launch`); `tape` keeps what a verify
     window needs to step back; `taps` [(layer, Buf)] copy the residual rows after a layer."""
-    st = st or Stages(None, n, False)
+    st = st or Stages(None, None, False)
     fx, r, planes = plan.fx, plan.rows, plan.planes()
     hidden, eps, gemma = plan.hidden, plan.eps, plan.gemma
     st.mark(11)
@@ -186,7 +187,7 @@ def head_launch(ctx, plan, n: int, st: Stages | None = None) -> int:
     """The head over the rows in `plan.rows.h`: logits [n][rows] into `plan.rows.logits`."""
     if plan.lm is None:
         return 0
-    st = st or Stages(None, n, False)
+    st = st or Stages(None, None, False)
     _, rows, js = plan.lm
     planes = plan.planes()
     rmsnorm2(ctx, plan.fx, plan.rows.h, plan.final_norm, None, plan.hidden, plan.eps, plan.gemma, planes, n)

@@ -25,8 +25,9 @@ from cortiq_drv.host.ops import F32, rms_norm, silu
 from cortiq_drv.hybrid import api, bigfit
 from cortiq_drv.hybrid import kernels_big_ref as br
 from cortiq_drv.hybrid import kernels_ref as kr
-from cortiq_drv.hybrid.big import (CHUNK_SMEM, CHUNK_WARPS, CONV_ROWS, WY_SMEM, _Mul, _Stages, att_passes, big,
+from cortiq_drv.hybrid.big import (CHUNK_SMEM, CHUNK_WARPS, CONV_ROWS, WY_SMEM, _Mul, att_passes, big,
                                    flash_smem)
+from cortiq_drv.hybrid.launch import Stages
 from cortiq_drv.hybrid.repack import pair_map, random_q4tp, repack_q4tp, repack_rows
 
 
@@ -295,14 +296,14 @@ def test_mul_expands_in_bands():
     ctx = GemmCtx()
     fx = _fakecard.FakeCard(ctx, _fakecard.Heap(1 << 20)).funcs(4, 256)
     m = _fakecard.FakeMat(6, 100, 64, 0x1000, 0x2000, 0x3000, None)
-    mul = _Mul(ctx, fx, 0x9000, 2 * 16 * 64, 5, _Stages(ctx, False))
+    mul = _Mul(ctx, fx, 0x9000, 2 * 16 * 64, 5, Stages(ctx, None, False))
     mul(m, 0x4000, 0x8000, 100)
     ex = [l for l in ctx.launches if l.name == "hy_expand_pr"]
     assert [int.from_bytes(l.args[6], "little", signed=True) for l in ex] == [0, 2, 4, 6]
     assert [int.from_bytes(l.args[7], "little", signed=True) for l in ex] == [2, 2, 2, 1]
     assert [(x[1], x[5] - 0x8000) for x in ctx.gemms] == [(32, 0), (32, 128), (32, 256), (4, 384)]
     ctx2 = GemmCtx()
-    _Mul(ctx2, fx, 0x9000, 100 * 64, 5, _Stages(ctx2, False))(m, 0x4000, 0x8000, 100)
+    _Mul(ctx2, fx, 0x9000, 100 * 64, 5, Stages(ctx2, None, False))(m, 0x4000, 0x8000, 100)
     assert [l.name for l in ctx2.launches] == ["hy_expand_p"] and ctx2.gemms[0][1:4] == (100, 5, 64)
 
 

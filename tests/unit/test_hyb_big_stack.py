@@ -5,7 +5,8 @@ else as a GEMM (or bands) each into the same columns of the output rows."""
 import numpy as np
 
 import _fakecard
-from cortiq_drv.hybrid.big import _Mul, _Stages
+from cortiq_drv.hybrid.big import _Mul
+from cortiq_drv.hybrid.launch import Stages
 
 
 class GemmCtx(_fakecard.FakeCtx):
@@ -30,7 +31,7 @@ def _setup(wd_elems: int):
 
 def test_stacked_is_one_gemm_when_the_weights_fit_together():
     ctx, fx, wd, parts = _setup(72 * 64)
-    _Mul(ctx, fx, wd, 72 * 64, 5, _Stages(ctx, False)).stacked(parts, 0x4000, 0x8000, 76, 64)
+    _Mul(ctx, fx, wd, 72 * 64, 5, Stages(ctx, None, False)).stacked(parts, 0x4000, 0x8000, 76, 64)
     ex = [l for l in ctx.launches if l.name == "hy_expand_p"]
     # q at the buffer's start, z after its 40 rows; the dense rows copied after z's
     assert [int.from_bytes(l.args[3], "little") - wd.ptr for l in ex] == [0, 40 * 64 * 2]
@@ -41,7 +42,7 @@ def test_stacked_is_one_gemm_when_the_weights_fit_together():
 def test_stacked_falls_back_to_a_gemm_each():
     ctx, fx, wd, parts = _setup(40 * 64)
     dense = parts[2][0]
-    _Mul(ctx, fx, wd, 40 * 64, 5, _Stages(ctx, False)).stacked(parts, 0x4000, 0x8000, 76, 64)
+    _Mul(ctx, fx, wd, 40 * 64, 5, Stages(ctx, None, False)).stacked(parts, 0x4000, 0x8000, 76, 64)
     # each weight's rows at its columns of the output rows: q at 0, z at 40, the dense rows at 64
     assert [(g[0], g[3], g[4] - 0x8000, g[5]) for g in ctx.gemms] == [
         (40, wd.ptr, 0, 76), (24, wd.ptr, 40 * 4, 76), (8, dense.ptr, 64 * 4, 76)]
