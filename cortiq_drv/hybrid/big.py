@@ -82,11 +82,8 @@ def _stage_rows(hs, bh, h: np.ndarray) -> None:
     pool's threads, each queued for the card once filled, so the card copies one piece while
     the host fills the next (a pageable copy goes through the driver's bounce buffer at a
     fraction of the speed). The staging is written only once the card has copied the last
-    chunk's rows out of it (the event in `hs.staged`)."""
+    chunk's rows out of it (`pin` waits for the last `pin_done`)."""
     src = np.ascontiguousarray(h, dtype=np.float32).reshape(-1)
-    ev = hs.staged.get("hb rows")
-    if ev is not None:
-        ev.sync()
     pin = hs.pin("hb rows", np.float32, src.size)
     step = STAGE_PIECE // 4
     spans = [(a, min(a + step, src.size)) for a in range(0, src.size, step)]
@@ -94,9 +91,7 @@ def _stage_rows(hs, bh, h: np.ndarray) -> None:
     for (a, e), job in zip(spans, jobs):
         job.result()
         bh.upload_async(pin[a:e], a * 4)
-    if ev is None:
-        ev = hs.staged["hb rows"] = hs.card.event()
-    ev.record()
+    hs.pin_done("hb rows")
 
 
 class _Mul:

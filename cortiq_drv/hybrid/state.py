@@ -296,10 +296,8 @@ class HState:
         self.rtabs: dict = {}
         self.scratch: dict = {}
         self._f32: dict = {}
-        # pinned host staging by name (`pin`)
+        # pinned host staging by name: (Pinned, the event `pin_done` records, or None) (`pin`)
         self._pins: dict = {}
-        # pinned staging name -> an event recorded after the last copy out of it (`big`'s rows)
-        self.staged: dict = {}
         # (plan id, sequence, first layer) -> the states a full admission resolved (`admit`), and
         # the last admission's (key, first position, rows, held) for `book`
         self.held: dict = {}
@@ -370,18 +368,31 @@ class HState:
             self.scratch.pop(name).close()
 
     def pin(self, name: str, dtype, n: int) -> np.ndarray:
-        """Pinned host staging `name` as n values of `dtype` at a fixed address: the card copies
-        from and into it without the driver's pageable bounce. Copies from it are truly
-        asynchronous, so a caller writes it only once the stream synchronised past the last copy
-        that read it. Grown (after a sync), never shrunk."""
+        """Pinned host staging `name` as n values of `dtype` at a fixed address, free to write: the
+        card has copied out of it whatever was queued before its last `pin_done` (waited for
+        here). The card copies from and into it without the driver's pageable bounce, and truly
+        asynchronously: a caller queues its copies, then `pin_done`. Grown (after a sync), never
+        shrunk."""
         nbytes = n * np.dtype(dtype).itemsize
-        p = self._pins.get(name)
+        p, done = self._pins.get(name, (None, None))
+        if done is not None:
+            done.sync()
         if p is None or p.bytes < nbytes:
             if p is not None:
                 self.ctx.sync()
                 p.close()
-            p = self._pins[name] = self.card.pinned(round_up(max(nbytes, 1), 4096))
+            p = self.card.pinned(round_up(max(nbytes, 1), 4096))
+            self._pins[name] = (p, done)
         return p.array(dtype)[:n]
+
+    def pin_done(self, name: str) -> None:
+        """The copies queued so far out of staging `name` are its last readers: its next `pin`
+        waits for them (an event recorded on the stream)."""
+        p, done = self._pins[name]
+        if done is None:
+            done = self.card.event()
+            self._pins[name] = (p, done)
+        done.record()
 
     def f32_buf(self, arr: np.ndarray) -> Buf:
         """A float32 vector on the card, one upload per distinct content (`st.f32_buf`)."""

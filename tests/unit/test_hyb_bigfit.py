@@ -164,6 +164,9 @@ def test_rows_go_to_the_card_through_pinned_staging_in_pieces(hyb_tiny, monkeypa
 
     monkeypatch.setattr(bigmod, "STAGE_PIECE", 4096)
     hs, ctx, heap, p = _card(hyb_tiny)
+    made = []
+    event = hs.card.event
+    monkeypatch.setattr(hs.card, "event", lambda: made.append(event()) or made[-1])
     g = hyb_tiny[1]
     n = 100
     assert admit(hs, p, g.layers, 1, 0, 0, n, 0) is None
@@ -175,7 +178,7 @@ def test_rows_go_to_the_card_through_pinned_staging_in_pieces(hyb_tiny, monkeypa
     assert [a.size for a in ups] == [1024] * 6 + [256]
     # the fake card runs no kernel: the residual rows come back as they went
     assert h.tobytes() == want.tobytes()
-    ev = hs.staged["hb rows"]
+    (ev,) = made
     assert admit(hs, p, g.layers, 1, 0, n, n, 0) is None
     bigmod.big(hs, p, 1, 0, range(n, 2 * n), h)
     # the second chunk waited for the first one's copies before refilling the staging
