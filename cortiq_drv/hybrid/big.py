@@ -1,5 +1,6 @@
 """The prompt path: a chunk of more than NMAX rows on cuBLAS (ports cuda_hybrid.rs `big`,
-`wd_cap`, `att_rows`, `BSTAGES`, `bst`; the far-field branch comes with a later issue).
+`wd_cap`, `att_rows`, `BSTAGES`; `bst` is launch.Stages over `PROF`'s row; the far-field branch
+comes with a later issue).
 
 Per layer every weight is expanded from its repacked q4tp tiles into one f16 plane buffer
 (`hb_wd`, a band of tiles at a time when the matrix is larger than `CMF_HYB_WD_MB`) and
