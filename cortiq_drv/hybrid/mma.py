@@ -203,8 +203,9 @@ def set_rules(rows: list[int]) -> tuple[bool, bool]:
     14.55 us, staged) and o (6.59 against 7.93 us) and on q alone (8192 rows: 9.59 against
     10.28 us), KS 8 on the attention q + k + v set of 10 240 rows (10.55 against 12.69 us; at 16
     rows 74.9 against 67.8 us) and on the GDN qkv + z set of 12 288 (11.57 against 15.81 us;
-    earlier at 16 rows 79 against 68 us): one-row decode is the common call. tb1: one tile a block when every matrix is short (K/V,
-    <= 2048 rows). Only ks16 changes the arithmetic, and it depends on the matrices alone.
+    earlier at 16 rows 79 against 68 us): one-row decode is the common call. tb1: one tile a
+    block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes the arithmetic, and
+    it depends on the matrices alone.
 
     The reference's third rule, tb1_n1 (one tile a block for one-row calls of 12 288 rows or
     more, against a launch's tail), is not kept: hy_mmp's grid walks its work items, so there is
