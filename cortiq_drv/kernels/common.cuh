@@ -99,6 +99,34 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// mbarriers and bulk copies (sm_90): a barrier at a shared-window address made for `count`
+// arrivals a phase, then mbar_init_fence (the inits visible to the other threads and to the bulk
+// copies); an arrival expecting `bytes` of bulk copies; one bulk copy global -> shared of `bytes`
+// (a multiple of 16, both addresses 16-byte aligned) counted on `bar`; a wait for the phase of
+// parity `par` to complete.
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect(u32 bar, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, int bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 par) {
+    for (u32 done = 0; !done;)
+        asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+                     : "=r"(done)
+                     : "r"(bar), "r"(par)
+                     : "memory");
+}
+
 // ldmatrix.x4: four 8 x 8 matrices of 16-bit values from shared memory (lane 8 i + r gives the
 // address of row r of matrix i); register i gets matrix i's row lane >> 2, elements 2 (lane & 3)
 // and the next.

@@ -29,6 +29,13 @@ __device__ __forceinline__ void hy_lad(const float* lad, int r, int rows, float&
     st = r < rows ? lad[2 * r + 1] : 0.0f;
 }
 
+// Column q of a call's B, three columns a row (plane q % 3 of row q / 3), as its row in that plane;
+// a column past the call's 3 n columns gives row 0 (loaded, never used).
+__device__ __forceinline__ const bf16* hy_bcol(const bf16* p0, const bf16* p1, const bf16* p2, int xs, int n, int q) {
+    const int r = q / 3, p = q - 3 * r;
+    return (p == 0 ? p0 : (p == 1 ? p1 : p2)) + (size_t)(r < n ? r : 0) * xs;
+}
+
 // One f32 as its three plane values (hi, mid, lo above).
 __device__ __forceinline__ void hy_split3(float y, bf16& hi, bf16& mid, bf16& lo) {
     hi = f32_to_bf16(y);

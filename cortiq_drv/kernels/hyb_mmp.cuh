@@ -102,12 +102,11 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
                 csrc[it] = (const unsigned char*)jb.aux0 + ((size_t)(tile0 + t) * gpr + g2) * 16;
                 cpk[it] = (u32)(WB + (t * G + g2) * 16) | (u32)g2 << 16 | (t < nvt ? 1u << 31 : 0u);
             } else {
-                // B chunk: n-tile j's column r (q = 8 j + r: plane q % 3 of row q / 3; rows past
-                // n read row 0, unused), 16-byte chunk cc of the group
+                // B chunk: n-tile j's column r (hy_bcol's q = 8 j + r), 16-byte chunk cc of the
+                // group
                 const int kk = k - (WB + CB) / 16, g2 = kk / (NTC * 32), j = (kk / 32) % NTC, l = kk % 32;
-                const int r = l >> 2, cc = l & 3, q = 8 * j + r, rr = q / 3, p = q - 3 * rr;
-                const bf16* pb = p == 0 ? p0 : (p == 1 ? p1 : p2);
-                csrc[it] = (const unsigned char*)(pb + (size_t)(rr < n ? rr : 0) * xs + g2 * 32 + cc * 8);
+                const int r = l >> 2, cc = l & 3;
+                csrc[it] = (const unsigned char*)(hy_bcol(p0, p1, p2, xs, n, 8 * j + r) + g2 * 32 + cc * 8);
                 cpk[it] = (u32)(WB + CB + (g2 * NTC + j) * 512 + (r * 4 + (cc ^ ((r >> 1) & 3))) * 16) |
                           (u32)g2 << 16 | (k < NCH ? 1u << 31 : 0u);
             }

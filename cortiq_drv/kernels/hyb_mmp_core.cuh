@@ -119,15 +119,11 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     const u32 ring = (u32)__cvta_generic_to_shared(hy_ring) + w * S * STAGE;
     const unsigned char* ringp = hy_ring + w * S * STAGE;
     const u32 k_mask = 0x000F000Fu, k_magic = 0x43004300u, k_one = 0x3F803F80u, k_m136 = 0xC308C308u;
-    // this lane's B column in each n-tile, at the warp's first group: plane q % 3 of row q / 3
-    // (rows past n: row 0, read, unused)
+    // this lane's B column in each n-tile (hy_bcol's q = 8 j + gid), at the warp's first group
     const u32* bq[NTC];
 #pragma unroll
-    for (int j = 0; j < NTC; ++j) {
-        const int q = 8 * j + gid, r = q / 3, p = q - 3 * r;
-        const bf16* base = p == 0 ? p0 : (p == 1 ? p1 : p2);
-        bq[j] = (const u32*)(base + (size_t)(r < n ? r : 0) * xs + (size_t)g_lo * 32 + 2 * (lane & 3));
-    }
+    for (int j = 0; j < NTC; ++j)
+        bq[j] = (const u32*)(hy_bcol(p0, p1, p2, xs, n, 8 * j + gid) + (size_t)g_lo * 32 + 2 * (lane & 3));
     // SB: the staged columns, and this lane's ldmatrix row at the warp's first group: column
     // lane & 7 (past the call's 3 n columns: the last one, read, unused), k-octet lane >> 3
     const int sbs = hy_sb_stride(gpr);
@@ -228,32 +224,19 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         // wait for the weight stages in flight before them
         const u32 mb = (u32)__cvta_generic_to_shared(&sm.mbar[w]);
         if (lane == 0) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mb) : "memory");
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mb), "r"(3 * n * ng * 64)
-                         : "memory");
-            for (int c = 0; c < 3 * n && ng > 0; ++c) {
-                const int r = c / 3, p = c - 3 * r;
-                const bf16* src = (p == 0 ? p0 : (p == 1 ? p1 : p2)) + (size_t)r * xs + (size_t)g_lo * 32;
-                const u32 dst = bsm + (u32)(c * sbs + g_lo * 64);
-                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                             ::"r"(dst), "l"(src), "r"(ng * 64), "r"(mb)
-                             : "memory");
-            }
+            mbar_init(mb, 1);
+            mbar_init_fence();
+            mbar_expect(mb, 3 * n * ng * 64);
+            for (int c = 0; c < 3 * n && ng > 0; ++c)
+                bulk_g2s(bsm + (u32)(c * sbs + g_lo * 64), hy_bcol(p0, p1, p2, xs, n, c) + (size_t)g_lo * 32, ng * 64, mb);
         }
         __syncwarp();
-        for (u32 done = 0; !done;)
-            asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], 0; selp.u32 %0, 1, 0, q; }"
-                         : "=r"(done)
-                         : "r"(mb)
-                         : "memory");
+        mbar_wait(mb, 0);
 #else
         // 16 bytes a copy, as one more cp.async group, waited for with the first stages (issued
         // before it)
         for (int c = 0; c < 3 * n; ++c) {
-            const int r = c / 3, p = c - 3 * r;
-            const bf16* src = (p == 0 ? p0 : (p == 1 ? p1 : p2)) + (size_t)r * xs + (size_t)g_lo * 32;
+            const bf16* src = hy_bcol(p0, p1, p2, xs, n, c) + (size_t)g_lo * 32;
             const u32 dst = bsm + (u32)(c * sbs + g_lo * 64);
             for (int k = lane; k < ng * 4; k += 32) cp_async16(dst + k * 16, src + k * 8);
         }
