@@ -54,18 +54,22 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order: a butterfly in
-// each warp, then every thread adds the warps' sums in warp order. red: __shared__ float[32].
-// Every thread of the block must call it; every thread gets the result.
-__device__ __forceinline__ float block_sum(float v, float* red) {
+// Sum over a segment of the block's warps (blockDim.x a multiple of 32, at most 1024) in a fixed
+// order: a butterfly in each warp, then every thread adds the warp sums of its segment, warps
+// w0 .. w0 + nw - 1, in warp order. red: __shared__ float[one a warp] (32: any block). Every
+// thread of the block must call it; every thread gets its segment's sum.
+__device__ __forceinline__ float seg_sum(float v, float* red, int w0, int nw) {
     v = warp_sum(v);
     __syncthreads();  // red may still be read by a previous call
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
     __syncthreads();
     float s = 0.0f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += red[w];
+    for (int w = w0; w < w0 + nw; ++w) s += red[w];
     return s;
 }
+
+// Sum over the block: one segment of all its warps.
+__device__ __forceinline__ float block_sum(float v, float* red) { return seg_sum(v, red, 0, (int)(blockDim.x >> 5)); }
 
 // Max over the block, as block_sum.
 __device__ __forceinline__ float block_max(float v, float* red) {

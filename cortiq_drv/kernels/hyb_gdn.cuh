@@ -340,13 +340,8 @@ extern "C" __global__ void __launch_bounds__(512)
     for (int r0 = 0; r0 < n; r0 += per) {
         const int r = r0 + rr;
         const float x = r < n ? osm[r * dv + j] : 0.0f;
-        // block_sum over the row's dv threads: warp butterflies, then the row's warps in order
-        const float ws = warp_sum(x * x);
-        __syncthreads();  // ored may still be read by the previous rows
-        if ((threadIdx.x & 31) == 0) ored[threadIdx.x >> 5] = ws;
-        __syncthreads();
-        float ss = 0.0f;
-        for (int w = 0; w < dv / 32; ++w) ss += ored[rr * (dv / 32) + w];
+        // the row's sum over its dv threads (warps rr dv / 32 ..)
+        const float ss = seg_sum(x * x, ored, rr * (dv / 32), dv / 32);
         if (r >= n) continue;
         const float zz = r0 == 0 ? z0 : z[(size_t)r * zs + h * dv + j];
         gdn_norm_put(x, ss / (float)dv, zz, wn, r, h, j, of, nv, dv, eps, sig, p0, p1, p2, ps);
