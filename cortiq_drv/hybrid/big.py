@@ -104,17 +104,14 @@ class _Mul:
         self.ctx, self.fx, self.wd, self.wd_elems, self.b, self.st = ctx, fx, wd, wd_elems, b, st
 
     def _expand(self, m, dst: int, t0: int = 0, nt: int = 0) -> None:
-        """Tiles [t0, t0 + nt) of q4tp matrix m (nt 0: the whole matrix, `hy_expand_p`) as f16
-        rows at dst [rows][cols]."""
+        """Tiles [t0, t0 + nt) of q4tp matrix m as f16 rows at dst (`hy_expand_pr`; nt 0: the
+        whole matrix, the reference's `expand_p`)."""
         if m.kind != KIND_Q4TP:
             raise CortiqError("a weight other than repacked q4tp on the prompt path")
-        threads = (nt or -(-m.rows // 16)) * (m.cols // 32) * 32
-        grid = (-(-threads // 256), 1)
-        if nt:
-            self.ctx.launch(self.fx.expand_pr, grid, 256, 0,
-                            kargs("QQQQiiii", m.w, m.aux0, m.aux1, dst, m.rows, m.cols, t0, nt))
-        else:
-            self.ctx.launch(self.fx.expand_p, grid, 256, 0, kargs("QQQQii", m.w, m.aux0, m.aux1, dst, m.rows, m.cols))
+        nt = nt or -(-m.rows // 16)
+        threads = nt * (m.cols // 32) * 32
+        self.ctx.launch(self.fx.expand_pr, (-(-threads // 256), 1), 256, 0,
+                        kargs("QQQQiiii", m.w, m.aux0, m.aux1, dst, m.rows, m.cols, t0, nt))
 
     def __call__(self, m, x, y, ldy: int, alpha: float = 1.0, beta: float = 0.0) -> None:
         ctx, wd = self.ctx, self.wd

@@ -22,9 +22,9 @@ LOG_FLOOR = -80.0
 
 def expand(tiles: np.ndarray, codes: np.ndarray, lad: np.ndarray, rows: int, cols: int, t0: int = 0,
            nt: int | None = None) -> np.ndarray:
-    """`hy_expand_p` / `hy_expand_pr`: tiles [t0, t0 + nt) of a repacked q4tp matrix (hy_repack's
-    layout: tiles u32 [ntile, gpr, 32, 2], codes u8 [ntile, gpr, 16], lad f32 [rows, 2]) ->
-    float16 [min(16 nt, rows - 16 t0), cols]."""
+    """`hy_expand_pr`: tiles [t0, t0 + nt) (nt None: to the last) of a repacked q4tp matrix
+    (hy_repack's layout: tiles u32 [ntile, gpr, 32, 2], codes u8 [ntile, gpr, 16], lad f32
+    [rows, 2]) -> float16 [min(16 nt, rows - 16 t0), cols]."""
     ntile, gpr = -(-rows // 16), cols // 32
     nt = ntile - t0 if nt is None else nt
     words = tiles.reshape(ntile, gpr, 32, 2)[t0:t0 + nt].astype(np.int64)  # [nt, gpr, 32, 2]

@@ -44,7 +44,7 @@ class HFuncs(MmaFuncs):
                      finish="hy_finish", argmax="hy_argmax", gather="hy_embed_gather", to_half="hy_to_half",
                      copy16="hy_copy16",
                      # the prompt path's (kernels/hyb_big.cuh, hyb_gdn_chunk.cuh, hybrid/big.py)
-                     expand_p="hy_expand_p", expand_pr="hy_expand_pr", rmsnorm="hy_rmsnorm",
+                     expand_pr="hy_expand_pr", rmsnorm="hy_rmsnorm",
                      conv32="hy_gdn_conv32", ring="hy_gdn_ring", gb32="hy_gdn_gb32",
                      wy="hy_gdn_wy", chunk="hy_gdn_chunk", out_h="hy_gdn_out_h", q_half_g="hy_q_half_g",
                      softmax_h="hy_softmax_h", attn_out="hy_attn_out", silu_pair="hy_silu_pair_half",

@@ -27,13 +27,18 @@ __device__ __forceinline__ size_t hb_gmajor(int h, size_t r, int n, int hpk) {
     return ((size_t)(h / hpk) * n + r) * hpk + h % hpk;
 }
 
-// Tiles [t0, t0 + nt) of a repacked q4tp matrix as f16 rows: band row (t - t0) * 16 + i is
-// logical row r = 16 t + i; weight (r, c) = (nibble - 8) * exp2(lo_r + code(r, c / 32) * step_r).
+// hy_expand_pr: the band of tiles [t0, t0 + nt) of a repacked q4tp matrix (rows x cols) as dense
+// f16 rows wd [min(16 nt, rows - 16 t0)][cols] (t0 0, nt ceil(rows / 16): the whole matrix, the
+// reference's hy_expand_p): band row (t - t0) * 16 + i is logical row r = 16 t + i;
+// weight (r, c) = (nibble - 8) * exp2(lo_r + code(r, c / 32) * step_r).
 // Thread (band row, group g, half s) writes the 16 columns 32 g + 16 s .. + 15 of its row: word s
 // of lanes gid * 4 + tig (gid = i & 7, tig 0..3) holds them, register m = (i >> 3) + 2 mh giving
 // columns 16 s + 8 mh + 2 tig (low nibble, bits 4m) and the next one (bits 4m + 16).
-__device__ __forceinline__ void hb_expand(const u32* tiles, const unsigned char* codes, const float* lad, f16* wd,
-                                          int rows, int cols, int t0, int nt) {
+// Pointers: tiles u32 [ntile][gpr][32][2], codes u8 [ntile][gpr][16], lad f32 [rows][2] (hy_repack's
+// layout); wd f16 out, 16-byte aligned. Grid ceil(nt * gpr * 32 / 256), block 256 (ntile =
+// ceil(rows / 16), gpr = cols / 32). Assumes cols % 32 == 0.
+extern "C" __global__ void hy_expand_pr(const u32* tiles, const unsigned char* codes, const float* lad, f16* wd,
+                                        int rows, int cols, int t0, int nt) {
     const int gpr = cols >> 5;
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)nt * gpr * 32) return;
@@ -59,23 +64,6 @@ __device__ __forceinline__ void hb_expand(const u32* tiles, const unsigned char*
     uint4* dst = (uint4*)(wd + lr * cols + (size_t)g * 32 + 16 * s);
     dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
     dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
-}
-
-// hy_expand_p: a whole repacked q4tp matrix (rows x cols) to the dense f16 plane wd [rows][cols].
-// Pointers: tiles u32 [ntile][gpr][32][2], codes u8 [ntile][gpr][16], lad f32 [rows][2] (hy_repack's
-// layout); wd f16 out, 16-byte aligned. Grid ceil(ntile * gpr * 32 / 256), block 256 (ntile =
-// ceil(rows / 16), gpr = cols / 32). Assumes cols % 32 == 0.
-extern "C" __global__ void hy_expand_p(const u32* tiles, const unsigned char* codes, const float* lad, f16* wd,
-                                       int rows, int cols) {
-    hb_expand(tiles, codes, lad, wd, rows, cols, 0, (rows + 15) >> 4);
-}
-
-// hy_expand_pr: the band of tiles [t0, t0 + nt) of the matrix: wd [min(16 nt, rows - 16 t0)][cols]
-// f16, its row 0 being logical row 16 t0. Pointers as hy_expand_p. Grid ceil(nt * gpr * 32 / 256),
-// block 256.
-extern "C" __global__ void hy_expand_pr(const u32* tiles, const unsigned char* codes, const float* lad, f16* wd,
-                                        int rows, int cols, int t0, int nt) {
-    hb_expand(tiles, codes, lad, wd, rows, cols, t0, nt);
 }
 
 // hy_rmsnorm: y[r] = f16(x[r] / sqrt(mean(x[r]^2) + eps) * (gemma ? 1 + w : w)).

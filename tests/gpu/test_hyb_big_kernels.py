@@ -71,8 +71,9 @@ def test_expand(ctx, kern, dev, rows, cols):
     want = br.expand(nib, codes, lad, rows, cols)
     t, c, l = dev.put(nib), dev.put(codes), dev.put(lad)
     wd = dev.new(rows * cols * 2)
+    # the whole matrix: all its tiles from tile 0
     ntile = -(-rows // 16)
-    ctx.launch(kern("hy_expand_p"), grid(ntile * cols), 256, 0, kargs("QQQQii", t, c, l, wd, rows, cols))
+    ctx.launch(kern("hy_expand_pr"), grid(ntile * cols), 256, 0, kargs("QQQQiiii", t, c, l, wd, rows, cols, 0, ntile))
     got = dev.get(wd, F16, (rows, cols))
     steps = f16_steps(got, want)
     assert steps.max() <= 1 and (steps == 0).mean() >= 0.999

@@ -304,7 +304,9 @@ def test_mul_expands_in_bands():
     assert [(x[1], x[5] - 0x8000) for x in ctx.gemms] == [(32, 0), (32, 128), (32, 256), (4, 384)]
     ctx2 = GemmCtx()
     _Mul(ctx2, fx, 0x9000, 100 * 64, 5, Stages(ctx2, None, False))(m, 0x4000, 0x8000, 100)
-    assert [l.name for l in ctx2.launches] == ["hy_expand_p"] and ctx2.gemms[0][1:4] == (100, 5, 64)
+    # the whole matrix in one launch: all seven tiles from tile 0
+    assert [(l.name, int.from_bytes(l.args[6], "little"), int.from_bytes(l.args[7], "little"))
+            for l in ctx2.launches] == [("hy_expand_pr", 0, 7)] and ctx2.gemms[0][1:4] == (100, 5, 64)
 
 
 def test_batch_takes_a_prompt_chunk_to_big(hyb_tiny):

@@ -32,7 +32,7 @@ def _setup(wd_elems: int):
 def test_stacked_is_one_gemm_when_the_weights_fit_together():
     ctx, fx, wd, parts = _setup(72 * 64)
     _Mul(ctx, fx, wd, 72 * 64, 5, Stages(ctx, None, False)).stacked(parts, 0x4000, 0x8000, 76, 64)
-    ex = [l for l in ctx.launches if l.name == "hy_expand_p"]
+    ex = [l for l in ctx.launches if l.name == "hy_expand_pr"]
     # q at the buffer's start, z after its 40 rows; the dense rows copied after z's
     assert [int.from_bytes(l.args[3], "little") - wd.ptr for l in ex] == [0, 40 * 64 * 2]
     assert wd.read(np.uint16, 8 * 64, 64 * 64 * 2).tolist() == list(range(8 * 64))
