@@ -356,8 +356,9 @@ __device__ __forceinline__ void argmax_warp(float& best, int& idx) {
 // 0 also the columns before the first 16-byte boundary and after the last one), its pick into
 // part[r][b]; the last of the row's blocks to finish (cnt[r] counts arrivals; that block puts it
 // back to 0) picks among the parts. The pick does not depend on how the row is split.
-// Pointers: logits [n][stride] f32; out i32; part [n][gridDim.x][2] 32-bit words (value, index)
-// scratch; cnt i32 [n] (zero between launches). Grid (blocks, n), block 256.
+// Pointers: logits [n][stride] f32, 4-byte aligned (a row may start anywhere: stride any); out
+// i32; part [n][gridDim.x][2] 32-bit words (value, index) scratch; cnt i32 [n] (zero between
+// launches). Grid (blocks, n), block 256.
 extern "C" __global__ void __launch_bounds__(256)
     hy_argmax(const float* logits, int rows, int stride, int* out, int off, float* part, int* cnt) {
     pdl_begin();
@@ -368,8 +369,8 @@ extern "C" __global__ void __launch_bounds__(256)
     const float* x = logits + (size_t)r * stride;
     float best = __int_as_float(0xff800000);
     int idx = 0x7fffffff;
-    const size_t addr = (size_t)x;
-    const int a0 = (addr & 3) ? rows : min(rows, (int)((16 - (addr & 15)) & 15) / 4);
+    // the columns before the row's first 16-byte boundary (x is 4-byte aligned: a whole number)
+    const int a0 = min(rows, (int)((16 - ((size_t)x & 15)) & 15) / 4);
     const int nq = (rows - a0) / 4, per = (nq + nb - 1) / nb;
     const int q0 = min(nq, (int)blockIdx.x * per), q1 = min(nq, q0 + per);
     const float4* x4 = (const float4*)(x + a0);
