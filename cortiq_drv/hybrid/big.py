@@ -27,7 +27,7 @@ from cortiq_drv.blas import Gemm
 from cortiq_drv.cu.args import dev_ptr, kargs
 from cortiq_drv.errors import CortiqError
 from cortiq_drv.hybrid.bigfit import (SCAN_ROWS, BigCfg, Fit, att_passes, attn_stride, configured, flash, gdn_stride,
-                                      need, pieces, score_bytes)
+                                      need, pieces)
 from cortiq_drv.hybrid.mma import KIND_Q4TP
 from cortiq_drv.hybrid.launch import Stages, rope_rows
 from cortiq_drv.hybrid.plan import GdnL
@@ -202,15 +202,13 @@ def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: Stages, scr) -> 
     mul(g.out, yof, bh, hidden, 1.0, 1.0)
 
 
-def attend(ctx, fx, scr, kp, vp, qgh, aog, bis, pos0: int, b: int, col_base: int, nkv: int, hpk: int, hd: int,
-           scale: float, hint: int, att_rows: int) -> None:
+def attend(ctx, fx, kp, vp, qgh, aog, bis, bs, bp, pos0: int, b: int, col_base: int, nkv: int, hpk: int, hd: int,
+           scale: float, att_rows: int) -> None:
     """The chunk's attention over the mirror rows [0, pos0 + b - col_base), pass by pass (the
     score GEMM, `hy_softmax_h`, the value GEMM) of at most `att_rows` query rows: ao and isum
-    group-major (kernels/hyb_big.cuh); `scr(name, bytes)` gives the named scratch (sized up
-    front for `hint` keys, `bigfit.score_bytes`)."""
+    group-major (kernels/hyb_big.cuh); the scores S in bs (f32) and the weights P in bp (f16),
+    each as large as `bigfit.score_bytes` says for these rows at least."""
     nh, lda, grow = nkv * hpk, nkv * hd, hpk * hd
-    s_bytes, p_bytes = score_bytes(pos0, b, col_base, nkv, hpk, att_rows, hint)
-    bs, bp = scr("hb_s", s_bytes), scr("hb_p", p_bytes)
     for b0, bn in att_passes(pos0, b, col_base, nh, att_rows):
         p0 = pos0 + b0
         l_rows, cols = p0 + bn - col_base, bn * hpk
@@ -254,8 +252,8 @@ def _attn(hs, plan, a, m, pos0: int, b: int, bxn, bh, btab, mul: _Mul, st: Stage
         aog = scr("hb_aog")
         bis = scr("hb_is")
         ctx.launch(fx.q_half_g, (-(-b * nh * hd // 256), 1), 256, 0, kargs("QQiiii", qg, qgh, b, nh, hpk, hd))
-        attend(ctx, fx, hs.scr, m.k, m.v, qgh, aog, bis, pos0, b, col_base, nkv, hpk, hd, plan.scale, cfg.hint,
-               cfg.att_rows)
+        attend(ctx, fx, m.k, m.v, qgh, aog, bis, scr("hb_s"), scr("hb_p"), pos0, b, col_base, nkv, hpk, hd,
+               plan.scale, cfg.att_rows)
         ctx.launch(fx.attn_out, (-(-b * nh * hd // 256), 1), 256, 0,
                    kargs("QQQQiiii", aog, bis, gt if a.gated else 0, bao, nh, b, hpk, hd))
     st.mark(5)

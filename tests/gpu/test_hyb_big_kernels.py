@@ -17,6 +17,7 @@ from cortiq_drv.cu import kargs
 from cortiq_drv.hybrid import kernels_big_ref as br
 from cortiq_drv.hybrid import kernels_ref as kr
 from cortiq_drv.hybrid.big import CHUNK_SMEM, CHUNK_WARPS, CONV_ROWS, WY_SMEM, attend, flash_smem
+from cortiq_drv.hybrid.bigfit import score_bytes
 from cortiq_drv.hybrid.repack import random_q4tp, repack_q4tp
 
 pytestmark = pytest.mark.gpu
@@ -33,20 +34,10 @@ def f16_steps(a, b) -> np.ndarray:
 
 
 class ScratchDev(_dev.Dev):
-    """A test's device buffers (and named scratch), freed at its end; zeroed, at least 4 bytes."""
-
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.named = {}
+    """A test's device buffers, freed at its end; zeroed, at least 4 bytes."""
 
     def new(self, nbytes):
         return super().new(max(nbytes, 4))
-
-    def scr(self, name, nbytes):
-        b = self.named.get(name)
-        if b is None or b.bytes < nbytes:
-            b = self.named[name] = self.new(nbytes)
-        return b
 
     def get(self, b, dtype, shape):
         return b.to_host(dtype, shape)
@@ -248,8 +239,8 @@ def test_attention_passes_on_cublas(ctx, kern, dev, n0, n, att_rows, hpk, hd):
     bis, out = dev.new(n * nh * 4), dev.new(n * nh * hd * 2)
     ctx.launch(kern("hy_q_half_g", hpk, hd), grid(qg.size), 256, 0, kargs("QQiiii", dev.put(qg), qh, n, nh, hpk, hd))
     fx = type("Fx", (), {"softmax_h": kern("hy_softmax_h", hpk, hd)})
-    attend(ctx, fx, dev.scr, dev.put(kmir), dev.put(vmir), qh, aog, bis, n0, n, 0, nkv, hpk, hd, scale, 0,
-           att_rows)
+    bs, bp = (dev.new(x) for x in score_bytes(n0, n, 0, nkv, hpk, att_rows, 0))
+    attend(ctx, fx, dev.put(kmir), dev.put(vmir), qh, aog, bis, bs, bp, n0, n, 0, nkv, hpk, hd, scale, att_rows)
     ctx.launch(kern("hy_attn_out", hpk, hd), grid(n * nh * hd), 256, 0,
                kargs("QQQQiiii", aog, bis, dev.put(gate), out, nh, n, hpk, hd))
     want = kr.attention(qg, kmir, vmir, n0, scale, gate)
