@@ -86,10 +86,15 @@ class GdnState:
         self.buf[:] = buf
 
 
+def log_decay(a: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray) -> np.ndarray:
+    """g = -exp(A_log) * softplus(a + dt_bias), the log of the decay; a [T, nv]."""
+    return -np.exp(a_log) * softplus(a + dt_bias)
+
+
 def decay_beta(a: np.ndarray, b: np.ndarray, a_log: np.ndarray,
                dt_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """decay = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b); a, b [T, nv]."""
-    return np.exp(-np.exp(a_log) * softplus(a + dt_bias)), sigmoid(b)
+    """decay = exp(g) (`log_decay`), beta = sigmoid(b); a, b [T, nv]."""
+    return np.exp(log_decay(a, a_log, dt_bias)), sigmoid(b)
 
 
 def conv_silu(ring: np.ndarray, raw: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -2,19 +2,19 @@
 `wd_cap`, `att_rows`, `BSTAGES`; `bst` is launch.Stages over `PROF`'s row; the far-field branch
 comes with a later issue).
 
-Per layer every weight is expanded from its repacked q4tp tiles into one f16 plane buffer
-(`hb_wd`, a band of tiles at a time when the matrix is larger than `CMF_HYB_WD_MB`) and
-multiplied by cuBLAS f16 GEMMs with f32 output; weights that share an input (a GDN layer's qkv,
-z, a and b; attention's q, k and v) go into the buffer one after another and run as one GEMM
-when they fit it together. The GDN chunk goes through conv (with the q / k L2 norms), ring,
-gates and the chunked delta rule (`hy_gdn_wy`, then `hy_gdn_chunk`), leaving the layer's state at
-the chunk's end for the small path to continue from. Attention appends the chunk's K/V rows to
-the f16 mirror (`hy_qk`), then runs in one kernel (`hy_flash_h`) where the head width allows,
-else as two strided-batched GEMMs a KV group over the mirror with query rows in passes of
-`CMF_HYB_ATT_ROWS` halved until the scores fit a memory cap. Scratch is named (`hs.scr`) and
-reused across chunks; hybrid/bigfit.py sizes it and fits a chunk to the budget before anything
-moves (`run_chunk` then takes the chunk in the pieces it decided). The input rows reach the card
-through pinned staging. Kernels and their layouts: kernels/hyb_big.cuh, hyb_flash.cuh.
+Per layer every weight is expanded from its repacked q4tp tiles into one f16 plane buffer (`hb_wd`,
+a band of tiles at a time when the matrix is larger than `CMF_HYB_WD_MB`) and multiplied by cuBLAS
+f16 GEMMs with f32 output; weights that share an input (a GDN layer's qkv, z, a and b; attention's
+q, k and v) go into the buffer one after another and run as one GEMM when they fit it together. The
+GDN chunk goes through conv (with the q / k L2 norms), ring and the chunked delta rule
+(`hy_gdn_wy`, which takes the gates from the a / b projections, then `hy_gdn_chunk`), leaving the
+layer's state at the chunk's end for the small path to continue from. Attention appends the chunk's
+K/V rows to the f16 mirror (`hy_qk`), then runs in one kernel (`hy_flash_h`) where the head width
+allows, else as two strided-batched GEMMs a KV group over the mirror with query rows in passes of
+`CMF_HYB_ATT_ROWS` halved until the scores fit a memory cap. Scratch is named (`hs.scr`) and reused
+across chunks; hybrid/bigfit.py sizes it and fits a chunk to the budget before anything moves
+(`run_chunk` then takes the chunk in the pieces it decided). The input rows reach the card through
+pinned staging. Kernels and their layouts: kernels/hyb_big.cuh, hyb_flash.cuh.
 """
 from __future__ import annotations
 
@@ -164,7 +164,8 @@ class _Mul:
 
 def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: Stages, scr) -> None:
     """A GDN layer over the chunk: qkv, z and a / b (one GEMM, `gdn_stride`), the glue, the
-    chunked scan (the state at the chunk's end), the gated norm, out added to the residual."""
+    chunked scan with the gates (the state at the chunk's end), the gated norm, out added to the
+    residual."""
     ctx, fx, hidden = hs.ctx, plan.fx, plan.hidden
     vd = g.nv * g.dv
     # each row [qkv | z | a | b] (the gate projections from the f16 copies of the f32 rows)
@@ -173,7 +174,6 @@ def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: Stages, scr) -> 
     yz = dev_ptr(yq) + g.cdim * 4
     yab = dev_ptr(yq) + (g.cdim + vd) * 4
     cq = scr("hb_cq")
-    gbp = scr("hb_gb")
     yo = scr("hb_o")
     yof = scr("hb_of")
     mul.stacked([g.qkv, g.z, (g.a_h, g.nv), (g.b_h, g.nv)], bxn, yq, ys, hidden)
@@ -183,16 +183,15 @@ def _gdn(hs, plan, g: GdnL, gs, b: int, bxn, bh, mul: _Mul, st: Stages, scr) -> 
                kargs("QiQQQiiii", yq, ys, gs.ring if g.kk > 1 else 0, g.taps, cq, b, g.cdim, g.kk, g.nk))
     if g.kk > 1:
         ctx.launch(fx.ring, (-(-g.cdim // 256), 1), 256, 0, kargs("QQiiii", gs.ring, yq, ys, b, g.cdim, g.kk))
-    ctx.launch(fx.gb32, (-(-b * g.nv // 256), 1), 256, 0,
-               kargs("QiQQQii", yab, ys, g.a_log, g.dt_bias, gbp, b, g.nv))
     st.mark(3)
-    # the chunked rule: every chunk's state-free part at once, then the state chunk by chunk
+    # the chunked rule: every chunk's gates and state-free part at once, then the state chunk by
+    # chunk
     wg = scr("hb_wg")
     ww = scr("hb_ww")
     wu = scr("hb_wu")
     wp = scr("hb_wp")
     ctx.launch(fx.wy, (-(-b // SCAN_ROWS), g.nv), 256, WY_SMEM,
-               kargs("QQQQQQiiii", cq, gbp, wg, ww, wu, wp, b, g.cdim, g.nv, g.nk))
+               kargs("QQiQQQQQQiiii", cq, yab, ys, g.a_log, g.dt_bias, wg, ww, wu, wp, b, g.cdim, g.nv, g.nk))
     ctx.launch(fx.chunk, (vd // 32, 1), 32 * CHUNK_WARPS, CHUNK_SMEM,
                kargs("QQQQQQQiiii", cq, wg, ww, wu, wp, gs.s, yo, b, g.cdim, g.nv, g.nk))
     st.mark(4)

@@ -117,8 +117,7 @@ def score_bytes(pos0: int, b: int, col_base: int, nkv: int, hpk: int, att_rows: 
 
 def _gdn_need(g: GdnL, b: int) -> dict:
     vd = g.nv * g.dv
-    return {"hb_qkv": b * gdn_stride(g) * 4, "hb_cq": b * g.cdim * 4,
-            "hb_gb": b * 2 * g.nv * 4, "hb_o": b * vd * 4, "hb_of": b * vd * 2,
+    return {"hb_qkv": b * gdn_stride(g) * 4, "hb_cq": b * g.cdim * 4, "hb_o": b * vd * 4, "hb_of": b * vd * 2,
             # the chunked scan's
             "hb_wg": g.nv * b * 4, "hb_ww": g.nv * b * g.dk * 4, "hb_wu": g.nv * b * g.dv * 4,
             "hb_wp": g.nv * b * SCAN_ROWS * 4}

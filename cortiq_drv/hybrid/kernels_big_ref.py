@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cmf import q4tp
-from ..host.gdn import conv_silu, decay_beta, qk_norm
+from ..host.gdn import conv_silu, log_decay, qk_norm
 from ..host.ops import F32, rms_norm, sigmoid, silu
 from .kernels_ref import gdn_out
 
@@ -58,12 +58,6 @@ def gdn_conv32(raw: np.ndarray, ring: np.ndarray, taps: np.ndarray, nk: int, dk:
     return qk_norm(conv_silu(ring, raw, taps)[0], nk, dk)
 
 
-def gdn_gates(ab: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray) -> np.ndarray:
-    """`hy_gdn_gb32`: ab [n, 2nv] (a | b) -> gb [n, 2nv] (decay | beta)."""
-    nv = a_log.shape[0]
-    return np.concatenate(decay_beta(ab[:, :nv], ab[:, nv:], a_log, dt_bias), axis=1).astype(F32)
-
-
 def _chunks(n: int, chunk: int):
     return [(c0, min(n, c0 + chunk)) for c0 in range(0, n, chunk)]
 
@@ -77,11 +71,12 @@ def _qk(rows: np.ndarray, nk: int, dk: int, rep: int) -> tuple[np.ndarray, np.nd
     return q, k
 
 
-def gdn_wy(cq: np.ndarray, gb: np.ndarray, nk: int, nv: int, chunk: int = CHUNK):
-    """`hy_gdn_wy`: the state-free part of the chunked delta rule over cq [n, cdim], gb [n, 2nv]
-    -> (g [nv, n], w [nv, n, dk], u [nv, n, dv], p [nv, n, chunk]) as hyb_gdn_chunk.cuh defines them.
-    (I + A) X = R by rows here; the kernel substitutes in blocks of 16 rows, the same solve."""
-    n = cq.shape[0]
+def gdn_wy(cq: np.ndarray, ab: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray, nk: int, chunk: int = CHUNK):
+    """`hy_gdn_wy`: the gates and the state-free part of the chunked delta rule over cq [n, cdim]
+    and the gate projections ab [n, 2nv] (a | b) -> (g [nv, n], w [nv, n, dk], u [nv, n, dv],
+    p [nv, n, chunk]) as hyb_gdn_chunk.cuh defines them. (I + A) X = R by rows here; the kernel
+    substitutes in blocks of 16 rows, the same solve."""
+    n, nv = cq.shape[0], a_log.shape[0]
     dk = dv = cq.shape[1] // (2 * nk + nv)
     rep = nv // nk
     g = np.empty((nv, n), F32)
@@ -92,9 +87,8 @@ def gdn_wy(cq: np.ndarray, gb: np.ndarray, nk: int, nv: int, chunk: int = CHUNK)
         rows, c = cq[c0:c1], c1 - c0
         q, k = _qk(rows, nk, dk, rep)  # [nv, c, dk]
         v = rows[:, 2 * nk * dk:].reshape(c, nv, dv).transpose(1, 0, 2)  # [nv, c, dv]
-        with np.errstate(divide="ignore"):
-            lg = np.maximum(np.log(gb[c0:c1, :nv].T), F32(LOG_FLOOR))  # [nv, c]
-        beta = gb[c0:c1, nv:].T[..., None]  # [nv, c, 1]
+        lg = np.maximum(log_decay(ab[c0:c1, :nv], a_log, dt_bias).T, F32(LOG_FLOOR))  # [nv, c]
+        beta = sigmoid(ab[c0:c1, nv:2 * nv]).T[..., None]  # [nv, c, 1]
         gc = np.cumsum(lg, axis=1, dtype=F32)
         diff = gc[:, :, None] - gc[:, None, :]  # [nv, t, s]
         low = np.tril(np.ones((c, c), dtype=bool))
@@ -130,9 +124,11 @@ def gdn_chunk(cq: np.ndarray, g: np.ndarray, w: np.ndarray, u: np.ndarray, p: np
     return o.reshape(n, nv * dv), s.astype(F32)
 
 
-def gdn_delta(cq: np.ndarray, gb: np.ndarray, s: np.ndarray, nk: int) -> tuple[np.ndarray, np.ndarray]:
-    """`hy_gdn_wy` then `hy_gdn_chunk`: the delta rule over cq's rows from s [nv, dk, dv]."""
-    return gdn_chunk(cq, *gdn_wy(cq, gb, nk, s.shape[0]), s, nk)
+def gdn_delta(cq: np.ndarray, ab: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray, s: np.ndarray,
+              nk: int) -> tuple[np.ndarray, np.ndarray]:
+    """`hy_gdn_wy` then `hy_gdn_chunk`: the delta rule over cq's rows, gates from ab [n, 2nv]
+    (a | b), from s [nv, dk, dv]."""
+    return gdn_chunk(cq, *gdn_wy(cq, ab, a_log, dt_bias, nk), s, nk)
 
 
 def gdn_out_h(o: np.ndarray, z: np.ndarray, norm: np.ndarray, nv: int, eps: float) -> np.ndarray:

@@ -45,8 +45,8 @@ class HFuncs(MmaFuncs):
                      copy16="hy_copy16",
                      # the prompt path's (kernels/hyb_big.cuh, hyb_gdn_chunk.cuh, hybrid/big.py)
                      expand_pr="hy_expand_pr", rmsnorm="hy_rmsnorm",
-                     conv32="hy_gdn_conv32", ring="hy_gdn_ring", gb32="hy_gdn_gb32",
-                     wy="hy_gdn_wy", chunk="hy_gdn_chunk", out_h="hy_gdn_out_h", q_half_g="hy_q_half_g",
+                     conv32="hy_gdn_conv32", ring="hy_gdn_ring", wy="hy_gdn_wy", chunk="hy_gdn_chunk",
+                     out_h="hy_gdn_out_h", q_half_g="hy_q_half_g",
                      softmax_h="hy_softmax_h", attn_out="hy_attn_out", silu_pair="hy_silu_pair_half",
                      flash="hy_flash_h")
         for attr, name in names.items():

@@ -1,14 +1,14 @@
 // The prompt path's kernels (the reference's `big`: a chunk of more than NMAX rows on cuBLAS).
 // Weights expand from the repacked q4tp layout (hyb_mma.cuh's header) into one dense f16 plane
 // that cuBLAS multiplies; the kernels here are the glue between those GEMMs: norms to f16, the
-// GDN chunk (conv with the L2 norms, ring, gates, gated norm; the chunked delta rule is in
-// hyb_gdn_chunk.cuh), attention's softmax and output over the two batched GEMMs a KV group (where
+// GDN chunk (conv with the L2 norms, ring, gated norm; the gates and the chunked delta rule are
+// in hyb_gdn_chunk.cuh), attention's softmax and output over the two batched GEMMs a KV group (where
 // hy_flash_h of hyb_flash.cuh does not take attention whole), and the FFN middle.
 //
 // Layouts shared with the small path (hyb_gdn.cuh, hyb_attn.cuh): raw [n][qs], ring [kk-1][cdim],
-// taps [cdim][kk], cq [n][cdim] (q | k | v), gb [n][2*nv] (decay | beta), S [nv][dk][dv], K/V
-// mirrors f16 [rows][nkv][hd]. All float math in f32; f16 values are IEEE half bit patterns
-// (common.cuh), written with round to nearest even.
+// taps [cdim][kk], cq [n][cdim] (q | k | v), S [nv][dk][dv], K/V mirrors f16 [rows][nkv][hd].
+// All float math in f32; f16 values are IEEE half bit patterns (common.cuh), written with round
+// to nearest even.
 //
 // Attention over a pass of bn query rows of a chunk of n rows (cols = bn * hpk query columns a KV
 // group; istride = n * hpk): the query copy is group-major, qh [nkv][n][hpk][hd] f16, so one
@@ -154,22 +154,7 @@ extern "C" __global__ void hy_gdn_ring(float* ring, const float* raw, int qs, in
     gdn_ring_move(ring, ring, raw, qs, n, cdim, kk, blockIdx.x * blockDim.x + threadIdx.x);
 }
 
-// hy_gdn_gb32: the gates of each row and value head from the f32 projections ab [n][abs] (a | b
-// in the first 2 nv columns of each row):
-//   g = -exp(a_log[h]) * softplus(a + dt_bias[h]); gb[r][h] = exp(g); gb[r][nv + h] = sigmoid(b).
-// Pointers: ab f32 (row stride abs), a_log, dt_bias [nv] f32, gb [n][2 nv] f32 out.
-// Grid ceil(n * nv / 256), block 256.
-extern "C" __global__ void hy_gdn_gb32(const float* ab, int abs, const float* a_log, const float* dt_bias, float* gb,
-                                       int n, int nv) {
-    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)n * nv) return;
-    const size_t r = idx / nv;
-    const int h = (int)(idx % nv);
-    gb[r * 2 * nv + h] = gdn_decay(ab[r * abs + h], a_log[h], dt_bias[h]);
-    gb[r * 2 * nv + nv + h] = sigmoidf_(ab[r * abs + nv + h]);
-}
-
-// The chunked delta rule (hy_gdn_wy, hy_gdn_chunk) is in hyb_gdn_chunk.cuh.
+// The gates and the chunked delta rule (hy_gdn_wy, hy_gdn_chunk) are in hyb_gdn_chunk.cuh.
 
 // hy_gdn_out_h: gated RMSNorm of one head of one row to f16 (the out projection's GEMM operand):
 //   y = f16(o / sqrt(mean(o^2) + eps) * norm * silu(z)) (Qwen3.5: the plain norm weight).

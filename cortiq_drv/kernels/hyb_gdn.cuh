@@ -31,10 +31,15 @@ __device__ __forceinline__ void gdn_ring_move(float* dst, const float* src, cons
     }
 }
 
-// The decay gate of projection a: exp(g), g = -exp(a_log) * softplus(a + dt_bias).
+// The log decay of projection a: g = -exp(a_log) * softplus(a + dt_bias) (the prompt path's
+// hy_gdn_wy takes it as it is).
+__device__ __forceinline__ float gdn_g(float a, float a_log, float dt_bias) {
+    return -expf(a_log) * softplusf_(a + dt_bias);
+}
+
+// The decay gate of projection a: exp(g) (gdn_g).
 __device__ __forceinline__ float gdn_decay(float a, float a_log, float dt_bias) {
-    const float g = -expf(a_log) * softplusf_(a + dt_bias);
-    return expf(g);
+    return expf(gdn_g(a, a_log, dt_bias));
 }
 
 // p += x[c] * w[c] over the columns c, c + bd, ... while B of them fit below `hidden`, B columns'

@@ -1,8 +1,9 @@
 // The prompt path's chunked delta rule (fla's chunked gated delta rule in the WY form), HB_C rows a
 // chunk, key and value width HB_D, on the tensor cores. For value head h and a chunk of rows t
-// (q_t, k_t, v_t from cq, key head h / (nv / nk); decay_t, beta_t from gb), with G_t =
-// sum_{r <= t} log decay_r inside the chunk (log decay clamped at -80 so differences stay finite)
-// and S0 the state before the chunk:
+// (q_t, k_t, v_t from cq, key head h / (nv / nk); the gates from the projections a_t, b_t: log
+// decay g_t = -exp(a_log_h) softplus(a_t + dt_bias_h), beta_t = sigmoid(b_t)), with G_t =
+// sum_{r <= t} g_r inside the chunk (g clamped at -80 so differences stay finite) and S0 the
+// state before the chunk:
 //   A[t][s] = beta_t e^{G_t - G_s} (k_t . k_s) for s < t, T = (I + A)^-1;
 //   W = T (beta e^G k), U = T (beta v)        (hy_gdn_wy: no state, every chunk at once)
 //   D = U - W S0;  o_t = e^{G_t} S0^T q_t + sum_{s <= t} P[t][s] D_s,  P[t][s] = e^{G_t - G_s} (q_t . k_s);
@@ -92,18 +93,20 @@ __device__ __forceinline__ void hb_cp4(float* dst, const float* src) {
                  : "memory");
 }
 
-// A chunk's G (inclusive sums of the clamped log decays) and beta into shared memory, by warp 0
-// (lane l: rows 2l, 2l + 1; a scan of the pairs' sums); rows past cn: log decay 0, beta 0.
-__device__ __forceinline__ void hb_gates(const float* gb, int c0, int cn, int nv, int h, float* gg, float* bb) {
+// A chunk's G (inclusive sums of the clamped log decays) and beta of value head h into shared
+// memory, by warp 0 (lane l: rows 2l, 2l + 1; a scan of the pairs' sums) from the projections ab
+// (hy_gdn_wy's header); rows past cn: log decay 0, beta 0.
+__device__ __forceinline__ void hb_gates(const float* ab, int abs, const float* a_log, const float* dt_bias, int c0,
+                                         int cn, int nv, int h, float* gg, float* bb) {
     const int l = threadIdx.x;
     if (l >= 32) return;
     float lg[2], bt[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const int t = 2 * l + e;
-        const size_t at = (size_t)(c0 + t) * 2 * nv + h;
-        lg[e] = t < cn ? fmaxf(logf(gb[at]), -80.0f) : 0.0f;
-        bt[e] = t < cn ? gb[at + nv] : 0.0f;
+        const float* row = ab + (size_t)(c0 + t) * abs;
+        lg[e] = t < cn ? fmaxf(gdn_g(row[h], a_log[h], dt_bias[h]), -80.0f) : 0.0f;
+        bt[e] = t < cn ? sigmoidf_(row[nv + h]) : 0.0f;
     }
     const float pair = lg[0] + lg[1];
     float inc = pair;
@@ -157,13 +160,15 @@ __device__ __forceinline__ void hb_wy_mm(const float* xs, const float* ys, int m
 //   the product on the tensor cores, then lane l substitutes its column 32 w + l through the
 //   block's 16 rows in registers (f32 FMAs). A warp reads only its own columns of X, so the solve
 //   needs no block barrier.
-// Pointers: cq [n][cdim] f32 (q | k | v as hy_gdn_conv32 writes them), gb [n][2 nv] f32 (decay |
-//   beta); out: g [nv][n] f32, w [nv][n][128] f32, u [nv][n][128] f32, p [nv][n][64] f32 (row t
-//   of a chunk: P[t][s] for the chunk's s, 0 past t).
+// Pointers: cq [n][cdim] f32 (q | k | v as hy_gdn_conv32 writes them); ab f32, row stride abs
+//   (a | b, the f32 gate projections, in the first 2 nv columns of each row); a_log, dt_bias [nv]
+//   f32; out: g [nv][n] f32, w [nv][n][128] f32, u [nv][n][128] f32, p [nv][n][64] f32 (row t of
+//   a chunk: P[t][s] for the chunk's s, 0 past t).
 // Grid (ceil(n / 64), nv), block 256, dynamic shared memory HB_WY_SMEM (over 48 KiB: opt in).
 // Assumes dk == dv == 128, nv % nk == 0, cdim % 4 == 0, 16-byte aligned buffers.
-extern "C" __global__ void __launch_bounds__(256, 2) hy_gdn_wy(const float* cq, const float* gb, float* g, float* w,
-                                                            float* u, float* p, int n, int cdim, int nv, int nk) {
+extern "C" __global__ void __launch_bounds__(256, 2)
+    hy_gdn_wy(const float* cq, const float* ab, int abs, const float* a_log, const float* dt_bias, float* g, float* w,
+              float* u, float* p, int n, int cdim, int nv, int nk) {
     extern __shared__ __align__(16) float hb_sm[];
     float* ks = hb_sm;
     float* qs = ks + HB_C * HB_LDK;
@@ -196,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) hy_gdn_wy(const float* cq, 
         }
     }
     cp_async_commit();
-    hb_gates(gb, c0, cn, nv, h, gg, bb);
+    hb_gates(ab, abs, a_log, dt_bias, c0, cn, nv, h, gg, bb);
     cp_async_wait<0>();
     __syncthreads();
     float* pr = p + ((size_t)h * n + c0) * HB_C;

@@ -102,40 +102,41 @@ def gdn_case(seed, n, nk=2, nv=4, kk=4, hidden=64):
 @pytest.mark.parametrize("n", [17, 200])
 def test_gdn_glue(ctx, kern, dev, n):
     c = gdn_case(n, n)
-    nk, nv, cdim, kk = c["nk"], c["nv"], c["cdim"], c["kk"]
+    nk, cdim, kk = c["nk"], c["cdim"], c["kk"]
     raw, ring = dev.put(c["raw"]), dev.put(c["ring"])
     cq = dev.new(n * cdim * 4)
     ctx.launch(kern("hy_gdn_conv32"), grid(-(-n // CONV_ROWS) * cdim // 4), 256, 0,
                kargs("QiQQQiiii", raw, cdim, ring, dev.put(c["taps"]), cq, n, cdim, kk, nk))
     ctx.launch(kern("hy_gdn_ring"), grid(cdim), 256, 0, kargs("QQiiii", ring, raw, cdim, n, cdim, kk))
-    ab = np.concatenate([c["xn"] @ c["aw"].T, c["xn"] @ c["bw"].T], axis=1).astype(F32)
-    # a | b inside wider rows, as big's one GEMM leaves them
-    abw = np.ascontiguousarray(np.pad(ab, ((0, 0), (0, 6)), constant_values=np.nan))
-    gb = dev.new(n * 2 * nv * 4)
-    ctx.launch(kern("hy_gdn_gb32"), grid(n * nv), 256, 0,
-               kargs("QiQQQii", dev.put(abw), 2 * nv + 6, dev.put(c["a_log"]), dev.put(c["dt_bias"]), gb, n, nv))
     want_cq = br.gdn_conv32(c["raw"], c["ring"], c["taps"], nk, 128)
     assert rel_rms(dev.get(cq, F32, (n, cdim)), want_cq) < 1e-6
     assert dev.get(ring, F32, (kk - 1, cdim)).tobytes() == kr.ring_move(c["ring"], c["raw"]).tobytes()
-    assert rel_rms(dev.get(gb, F32, (n, 2 * nv)), br.gdn_gates(ab, c["a_log"], c["dt_bias"])) < 1e-6
 
 
-def run_wy_chunk(ctx, kern, dev, cq, gb, s, n, cdim, nv, nk):
-    """hy_gdn_wy then hy_gdn_chunk over rows cq [n, cdim], gb [n, 2 nv] from the state buffer s
-    (updated in place) -> the device buffers (g, w, u, p, o)."""
+def run_wy_chunk(ctx, kern, dev, c, cq, ab, s, n, nk):
+    """hy_gdn_wy then hy_gdn_chunk over rows cq [n, cdim] and gate projections ab [n, 2 nv] (a | b;
+    a_log, dt_bias: case c's) from the state buffer s (updated in place) -> the device buffers
+    (g, w, u, p, o)."""
+    cdim, nv = c["cdim"], c["nv"]
     cq = dev.put(cq)
+    # a | b inside wider rows, as big's one GEMM leaves them
+    abw = dev.put(np.ascontiguousarray(np.pad(ab, ((0, 0), (0, 6)), constant_values=np.nan)))
     g, w, u, p = dev.new(nv * n * 4), dev.new(nv * n * 512), dev.new(nv * n * 512), dev.new(nv * n * 256)
     o = dev.new(n * nv * 128 * 4)
     ctx.launch(kern("hy_gdn_wy"), (-(-n // 64), nv), 256, WY_SMEM,
-               kargs("QQQQQQiiii", cq, dev.put(gb), g, w, u, p, n, cdim, nv, nk))
+               kargs("QQiQQQQQQiiii", cq, abw, 2 * nv + 6, dev.put(c["a_log"]), dev.put(c["dt_bias"]), g, w, u, p,
+                     n, cdim, nv, nk))
     ctx.launch(kern("hy_gdn_chunk"), (nv * 4, 1), 32 * CHUNK_WARPS, CHUNK_SMEM,
                kargs("QQQQQQQiiii", cq, g, w, u, p, s, o, n, cdim, nv, nk))
     return g, w, u, p, o
 
 
 def gdn_rows(c, nk):
-    """The case's conv / norm / gate rows (cq, gb) as the glue kernels leave them."""
-    return kr.gdn_front(c["raw"], c["ring"], c["taps"], c["xn"], c["aw"], c["bw"], c["a_log"], c["dt_bias"], nk, 128)
+    """The case's conv / norm rows as hy_gdn_conv32 leaves them, the gate projections ab (a | b)
+    and the small front's gates gb (decay | beta) the serial scan takes: (cq, ab, gb)."""
+    cq, gb = kr.gdn_front(c["raw"], c["ring"], c["taps"], c["xn"], c["aw"], c["bw"], c["a_log"], c["dt_bias"], nk,
+                          128)
+    return cq, np.concatenate([c["xn"] @ c["aw"].T, c["xn"] @ c["bw"].T], axis=1).astype(F32), gb
 
 
 # many chunks with a short last one (1500 = 23 * 64 + 28) and the 9B shape's head ratio (nv = 2 nk)
@@ -143,11 +144,11 @@ def gdn_rows(c, nk):
                                      (1500, 2, 4)])
 def test_gdn_wy_then_chunk_is_the_serial_scan(ctx, kern, dev, n, nk, nv):
     c = gdn_case(n + 7, n, nk, nv)
-    cq_h, gb_h = gdn_rows(c, nk)
+    cq_h, ab, gb_h = gdn_rows(c, nk)
     o_want, s_want = kr.gdn_scan(cq_h, gb_h, c["s"], nk)
     s = dev.put(c["s"])
-    g, w, u, p, o = run_wy_chunk(ctx, kern, dev, cq_h, gb_h, s, n, c["cdim"], nv, nk)
-    for got, want, shape in zip((g, w, u, p), br.gdn_wy(cq_h, gb_h, nk, nv),
+    g, w, u, p, o = run_wy_chunk(ctx, kern, dev, c, cq_h, ab, s, n, nk)
+    for got, want, shape in zip((g, w, u, p), br.gdn_wy(cq_h, ab, c["a_log"], c["dt_bias"], nk),
                                 ((nv, n), (nv, n, 128), (nv, n, 128), (nv, n, 64))):
         assert rel_rms(dev.get(got, F32, shape), want) < 1e-5
     assert rel_rms(dev.get(o, F32, (n, nv * 128)), o_want) < 2e-5
@@ -160,11 +161,11 @@ def test_gdn_chunk_continues_its_state(ctx, kern, dev, n1, n2):
     serial scan over all the rows: the state in and out of hy_gdn_chunk is the scan's."""
     nk, nv = 2, 4
     c = gdn_case(n1 * 1000 + n2, n1 + n2, nk, nv)
-    cq_h, gb_h = gdn_rows(c, nk)
+    cq_h, ab, gb_h = gdn_rows(c, nk)
     o_want, s_want = kr.gdn_scan(cq_h, gb_h, c["s"], nk)
     s = dev.put(c["s"])
-    *_, o1 = run_wy_chunk(ctx, kern, dev, cq_h[:n1], gb_h[:n1], s, n1, c["cdim"], nv, nk)
-    *_, o2 = run_wy_chunk(ctx, kern, dev, cq_h[n1:], gb_h[n1:], s, n2, c["cdim"], nv, nk)
+    *_, o1 = run_wy_chunk(ctx, kern, dev, c, cq_h[:n1], ab[:n1], s, n1, nk)
+    *_, o2 = run_wy_chunk(ctx, kern, dev, c, cq_h[n1:], ab[n1:], s, n2, nk)
     got = np.concatenate([dev.get(o1, F32, (n1, nv * 128)), dev.get(o2, F32, (n2, nv * 128))])
     assert rel_rms(got, o_want) < 2e-5
     assert rel_rms(dev.get(s, F32, c["s"].shape), s_want) < 2e-5

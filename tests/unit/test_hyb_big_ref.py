@@ -21,6 +21,7 @@ from cortiq_drv.graph import GraphAttn, SpecTail
 from cortiq_drv.hybrid.admit import admit
 from cortiq_drv.hybrid.plan import GdnL, plan_for
 from cortiq_drv.hybrid.state import HState
+from cortiq_drv.host.gdn import decay_beta
 from cortiq_drv.host.ops import F32, rms_norm, silu
 from cortiq_drv.hybrid import api, bigfit
 from cortiq_drv.hybrid import kernels_big_ref as br
@@ -77,17 +78,17 @@ def test_gdn_glue_is_the_small_front():
     rng = np.random.default_rng(1)
     raw, ring, taps, xn, aw, bw, a_log, dt_bias = gdn_inputs(rng, 9)
     nk, dk = 2, 128
-    cq_want, gb_want = kr.gdn_front(raw, ring, taps, xn, aw, bw, a_log, dt_bias, nk, dk)
-    cq = br.gdn_conv32(raw, ring, taps, nk, dk)
-    gb = br.gdn_gates(np.concatenate([xn @ aw.T, xn @ bw.T], axis=1), a_log, dt_bias)
-    assert rel_rms(cq, cq_want) < 1e-6
-    assert rel_rms(gb, gb_want) < 1e-6
+    cq_want, _ = kr.gdn_front(raw, ring, taps, xn, aw, bw, a_log, dt_bias, nk, dk)
+    assert rel_rms(br.gdn_conv32(raw, ring, taps, nk, dk), cq_want) < 1e-6
 
 
-def _assert_delta_is_scan(cq, gb, s0):
-    """The chunked delta rule (2 key heads) against the serial scan: outputs and end state."""
+def _assert_delta_is_scan(cq, ab, a_log, dt_bias, s0):
+    """The chunked delta rule (2 key heads, its gates from the projections ab) against the serial
+    scan over the host's gates of ab (decay, beta): outputs and end state."""
+    nv = a_log.shape[0]
+    gb = np.concatenate(decay_beta(ab[:, :nv], ab[:, nv:], a_log, dt_bias), axis=1).astype(F32)
     o_want, s_want = kr.gdn_scan(cq, gb, s0, 2)
-    o, s = br.gdn_delta(cq, gb, s0, 2)
+    o, s = br.gdn_delta(cq, ab, a_log, dt_bias, s0, 2)
     assert rel_rms(o, o_want) < 2e-5
     assert rel_rms(s, s_want) < 2e-5
 
@@ -96,18 +97,21 @@ def _assert_delta_is_scan(cq, gb, s0):
 def test_chunked_delta_rule_is_the_serial_scan(n):
     rng = np.random.default_rng(n)
     raw, ring, taps, xn, aw, bw, a_log, dt_bias = gdn_inputs(rng, n)
-    cq, gb = kr.gdn_front(raw, ring, taps, xn, aw, bw, a_log, dt_bias, 2, 128)
+    cq = br.gdn_conv32(raw, ring, taps, 2, 128)
+    ab = np.concatenate([xn @ aw.T, xn @ bw.T], axis=1)
     s0 = (rng.standard_normal((4, 128, 128)) * 0.1).astype(F32)
-    _assert_delta_is_scan(cq, gb, s0)
+    _assert_delta_is_scan(cq, ab, a_log, dt_bias, s0)
 
 
 def test_chunked_delta_rule_survives_a_vanishing_decay():
     rng = np.random.default_rng(3)
     raw, ring, taps, xn, aw, bw, a_log, dt_bias = gdn_inputs(rng, 70)
-    cq, gb = kr.gdn_front(raw, ring, taps, xn, aw, bw, a_log, dt_bias, 2, 128)
-    gb[5:9, :4] = 0.0
+    cq = br.gdn_conv32(raw, ring, taps, 2, 128)
+    ab = np.concatenate([xn @ aw.T, xn @ bw.T], axis=1)
+    # a decay of exp(-thousands): 0 in f32, its log under the floor
+    ab[5:9, :4] = 1e4
     s0 = np.zeros((4, 128, 128), F32)
-    _assert_delta_is_scan(cq, gb, s0)
+    _assert_delta_is_scan(cq, ab, a_log, dt_bias, s0)
 
 
 def test_gdn_out_h_is_the_gated_norm():
