@@ -26,8 +26,8 @@ import numpy as np
 from cortiq_drv.blas import Gemm
 from cortiq_drv.cu.args import dev_ptr, kargs
 from cortiq_drv.errors import CortiqError
-from cortiq_drv.hybrid.bigfit import (SCAN_ROWS, BigCfg, Fit, att_passes, attn_stride, configured, flash, gdn_stride,
-                                      need, pieces)
+from cortiq_drv.hybrid.bigfit import (SCAN_ROWS, BigCfg, Fit, att_passes, attn_stride, chunk_need, configured, flash,
+                                      gdn_stride, pieces)
 from cortiq_drv.hybrid.mma import KIND_Q4TP
 from cortiq_drv.hybrid.launch import Stages, rope_rows
 from cortiq_drv.hybrid.plan import GdnL
@@ -275,24 +275,29 @@ def _ffn(hs, plan, pl, b: int, bxn, bh, mul: _Mul, st: Stages, scr) -> None:
 
 
 def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: bool = False,
-        cfg: BigCfg | None = None) -> None:
+        f: Fit | None = None) -> None:
     """Rows h [b, hidden] at contiguous `positions` through the plan's layers on the prompt path
     (`big`); every layer's state admitted at positions[0] with room for b rows (`admit`). h
     becomes the residual rows after the last layer, unless `defer`: then nothing comes back and
-    the stream runs on (a prompt's chunks before its last). `cfg`: the band, passes and score
-    sizing (None: the knobs'); the rows of a call are its own (`run_chunk` splits a chunk)."""
+    the stream runs on (a prompt's chunks before its last). `f`: the chunk's fit (`prepare`: the
+    band, passes and score sizing, the named scratch sized for its pieces; None: the knobs'
+    configuration, the scratch sized for these rows alone); the rows of a call are its own
+    (`run_chunk` splits a chunk)."""
     ctx, fx = hs.ctx, plan.fx
     positions = [int(p) for p in positions]
     b, pos0, hidden = len(positions), positions[0], plan.hidden
-    cfg = configured(b, hs.kv_hint) if cfg is None else cfg
+    if f is None:
+        cfg = configured(b, hs.kv_hint)
+        f = Fit(cfg, chunk_need(plan, b, pos0, cfg), ())
+    cfg, sizes = f.cfg, f.sizes
     st = Stages(ctx, PROF.ns, hs.prof)
-    # the named scratch, each as large as bigfit's `need` says for this call (`prepare` has
-    # allocated them for a chunk's pieces)
-    sizes = need(plan, b, pos0, cfg)
+    # the named scratch, each as large as the fit sized it (`prepare` has allocated them)
     scr = lambda name: hs.scr(name, sizes[name])
     bh = scr("hb_h")
     bxn = scr("hb_xn")
     # the expansion buffer: the largest weight or stack of weights, or a band of rows of it
+    # (`wd_elems`; the fit rounds its bytes up to 256, which changes nothing: a cap that bands,
+    # whole MiB or 16 rows of a weight's cols % 32 == 0, is a multiple already)
     wd = scr("hb_wd")
     want = hs.taps_wanted
     tapping = bool(want) and layer_base == 0 and all(l < len(plan.layers) for l in want)
@@ -346,7 +351,7 @@ def run_chunk(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, d
     taps = []
     for s, e in pieces(b, f.cfg.rows):
         hs.taps_out = None
-        big(hs, plan, kv_id, layer_base, positions[s:e], rows[s:e], defer, f.cfg)
+        big(hs, plan, kv_id, layer_base, positions[s:e], rows[s:e], defer, f)
         if hs.taps_out is not None:
             taps.append(hs.taps_out)
     # [layer][row][hidden] a piece

@@ -137,7 +137,7 @@ def _attn_need(plan, a, b: int, pos0: int, cfg: BigCfg) -> dict:
 def need(plan, b: int, pos0: int, cfg: BigCfg) -> dict:
     """Bytes of each named scratch `big` takes for a piece of b rows at pos0 under cfg (the
     largest over the plan's layers): the one place their sizes are written (`big` takes them by
-    name from here)."""
+    name from `chunk_need`'s, which `fit` keeps in `Fit.sizes`)."""
     out = {"hb_h": b * plan.hidden * 4, "hb_xn": b * plan.hidden * 2,
            "hb_wd": wd_elems(plan, cfg.wd_bytes) * 2, "hb_tab": max(b * plan.invf.size * 2 * 4, 4)}
     for pl in plan.layers:
