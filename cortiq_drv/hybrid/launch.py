@@ -91,27 +91,19 @@ def _gdn(ctx, plan, g: GdnL, views, n: int, tape: bool, st: Stages) -> None:
     ctx.launch(fx.front, (g.cdim // g.dk + 2 * g.nv, n), max(g.dk, 64), 0,
                kargs("QiQQQiiiiiQiQQQQQi", r.qkv, geo.cdmax, ring, g.taps, t_cq, n, g.cdim, g.kk, g.nk,
                      g.dk, r.xn, plan.hidden, g.a, g.b, g.a_log, g.dt_bias, t_gb, g.nv))
-    _gdn_core(ctx, plan, g, (s, ring, t_cq, t_gb, s_save if tape else 0), n, col_scan)
-    st.mark(2)
-    g.ms_out.run(ctx, fx, planes, g.nv * g.dv, n)
-    st.mark(3)
-
-
-def _gdn_core(ctx, plan, g: GdnL, bufs, n: int, col_scan: bool) -> None:
-    """The scan, with blocks after it that move the conv ring, then the gated norm (plain w and the
-    gate silu on Qwen3.5: sig 0, gemma 0): one launch for both where a head fits a block."""
-    fx, r, geo, planes = plan.fx, plan.rows, plan.geom, plan.planes()
-    s, ring, t_cq, t_gb, save = bufs
+    # the scan, with blocks after it that move the conv ring, then the gated norm (plain w and the
+    # gate silu on Qwen3.5: sig 0, gemma 0): one launch for both where a head fits a block
+    fused = col_scan and g.dv <= 128
+    save = s_save if tape else 0
     ring_p = ring if g.kk > 1 else 0
     out_args = (r.z, geo.vdmax, g.norm, r.of)
     planes_args = (planes.p0, planes.p1, planes.p2, planes.stride)
-    if col_scan and g.dv <= 128:
+    if fused:
         ring_blocks = -(-g.cdim // (4 * g.dv)) if g.kk > 1 else 0
         ctx.launch(fx.scan4_out32, (g.nv + ring_blocks, 1), 4 * g.dv, 0,
                    kargs("QQQQiiiiiQQiiQQiQQfiiQQQi", t_cq, t_gb, s, r.o, n, g.cdim, g.nv, g.nk, g.dv, ring_p,
                          r.qkv, geo.cdmax, g.kk, save, *out_args, plan.eps, 0, 0, *planes_args))
-        return
-    if col_scan:
+    elif col_scan:
         ring_blocks = -(-g.cdim // 128) if g.kk > 1 else 0
         ctx.launch(fx.scan4, (g.nv * g.dv // 32 + ring_blocks, 1), 128, 0,
                    kargs("QQQQiiiiiQQiiQ", t_cq, t_gb, s, r.o, n, g.cdim, g.nv, g.nk, g.dv, ring_p, r.qkv,
@@ -121,8 +113,12 @@ def _gdn_core(ctx, plan, g: GdnL, bufs, n: int, col_scan: bool) -> None:
         ctx.launch(fx.scan, (-(-g.nv * g.dv // 8) + ring_blocks, 1), 256, 0,
                    kargs("QQQQiiiiiiQQii", t_cq, t_gb, s, r.o, n, g.cdim, g.nv, g.nk, g.dk, g.dv, ring_p,
                          r.qkv, geo.cdmax, g.kk))
-    ctx.launch(fx.out32, (n * g.nv, 1), g.dv, 0,
-               kargs("QQiQQiifiiQQQi", r.o, *out_args, g.nv, g.dv, plan.eps, 0, 0, *planes_args))
+    if not fused:
+        ctx.launch(fx.out32, (n * g.nv, 1), g.dv, 0,
+                   kargs("QQiQQiifiiQQQi", r.o, *out_args, g.nv, g.dv, plan.eps, 0, 0, *planes_args))
+    st.mark(2)
+    g.ms_out.run(ctx, fx, planes, g.nv * g.dv, n)
+    st.mark(3)
 
 
 def _attn(ctx, plan, a, kv, rec, cip: int, scratch, n: int, tab, st: Stages) -> None:
