@@ -8,7 +8,9 @@ f16 GEMMs with f32 output; weights that share an input (a GDN layer's qkv, z, a 
 q, k and v) go into the buffer one after another and run as one GEMM when they fit it together. The
 GDN chunk goes through conv (with the q / k L2 norms), ring and the chunked delta rule
 (`hy_gdn_wy`, which takes the gates from the a / b projections, then `hy_gdn_chunk`), leaving the
-layer's state at the chunk's end for the small path to continue from. Attention appends the chunk's
+layer's state at the chunk's end for the small path to continue from. (The reference launches
+`hy_gdn_gb32` first, storing exp(g) that `hy_gdn_wy` takes the log of again; here `hy_gdn_wy`
+computes g itself, one launch and one scratch fewer.) Attention appends the chunk's
 K/V rows to the f16 mirror (`hy_qk`), then runs in one kernel (`hy_flash_h`) where the head width
 allows, else as two strided-batched GEMMs a KV group over the mirror with query rows in passes of
 `CMF_HYB_ATT_ROWS` halved until the scores fit a memory cap. Scratch is named (`hs.scr`) and reused
