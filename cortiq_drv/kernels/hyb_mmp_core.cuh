@@ -228,7 +228,8 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             mbar_init_fence();
             mbar_expect(mb, 3 * n * ng * 64);
             for (int c = 0; c < 3 * n && ng > 0; ++c)
-                bulk_g2s(bsm + (u32)(c * sbs + g_lo * 64), hy_bcol(p0, p1, p2, xs, n, c) + (size_t)g_lo * 32, ng * 64, mb);
+                bulk_g2s(bsm + (u32)(c * sbs + g_lo * 64), hy_bcol(p0, p1, p2, xs, n, c) + (size_t)g_lo * 32,
+                         ng * 64, mb);
         }
         __syncwarp();
         mbar_wait(mb, 0);
