@@ -29,7 +29,7 @@ from cortiq_drv.blas import Gemm
 from cortiq_drv.cu.args import dev_ptr, kargs
 from cortiq_drv.errors import CortiqError
 from cortiq_drv.hybrid.bigfit import (SCAN_ROWS, BigCfg, Fit, att_passes, attn_stride, chunk_need, configured, flash,
-                                      gdn_stride, pieces)
+                                      gdn_stride, pieces, wd_elems)
 from cortiq_drv.hybrid.mma import KIND_Q4TP
 from cortiq_drv.hybrid.launch import Stages, rope_rows
 from cortiq_drv.hybrid.plan import GdnL
@@ -298,8 +298,6 @@ def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: 
     bh = scr("hb_h")
     bxn = scr("hb_xn")
     # the expansion buffer: the largest weight or stack of weights, or a band of rows of it
-    # (`wd_elems`; the fit rounds its bytes up to 256, which changes nothing: a cap that bands,
-    # whole MiB or 16 rows of a weight's cols % 32 == 0, is a multiple already)
     wd = scr("hb_wd")
     want = hs.taps_wanted
     tapping = bool(want) and layer_base == 0 and all(l < len(plan.layers) for l in want)
@@ -311,7 +309,7 @@ def big(hs, plan, kv_id: int, layer_base: int, positions, h: np.ndarray, defer: 
         btab.upload_async(tab)
     PROF.rows += b
     st.mark(7)
-    mul = _Mul(ctx, fx, wd, sizes["hb_wd"] // 2, b, st)
+    mul = _Mul(ctx, fx, wd, wd_elems(plan, cfg.wd_bytes), b, st)
     for li, pl in enumerate(plan.layers):
         key = (kv_id, layer_base + li)
         ctx.launch(fx.rmsnorm, (b, 1), 256, 0, kargs("QQQifi", bh, pl.in_norm, bxn, hidden, plan.eps,
