@@ -18,6 +18,13 @@ pick on the card: only the id and the residual row back). One line per shape:
 - `graph_nodes`: the kernel launches one step records (counted in a direct step; a decode step
   has no device copies); `graph_launch_us`: the host time of one replay's launch (median).
 
+Then one `verify_window` line per --windows row count n (docs/PERF.md "Verify window"): windows
+of n rows as the engine's greedy speculative rounds run them (`api.batch` with a `SpecTail`: the
+GDN tapes, the head over every row, each row's argmax picked on the card, the ids and the rows
+back), each accepted whole: `ms` wall (median of --reps after one that records the graph),
+`device_ms` its graph replayed back to back, and `ratio` = device_ms / the one-row step's
+device_ms (target <= 1.3 at n = 8).
+
 With --breakdown, two more lines per shape: `decode_kernels`, each kernel's microseconds in a step
 (every launch of a direct step recorded, then each replayed 10 times in a graph of its own), and
 `decode_host`, the token path's parts (microseconds a step, each timed by a wrapper) and
@@ -25,7 +32,8 @@ cProfile's costliest functions over 32 steps (microseconds a step, own time).
 
 Then each matvec's TB/s at --rows rows (`bench_kernels.bench_matrix`, lines with bench "hy_mmp").
 Usage: python tools/bench_decode.py [--shapes 9b,27b] [--tokens 64] [--prompt 512] [--rows 1,4,8,16]
-       [--source file|mem] [--dir DIR] [--skip-matvec] [--breakdown] [--out FILE.jsonl]
+       [--windows 2,4,8,16] [--source file|mem] [--dir DIR] [--skip-matvec] [--breakdown]
+       [--out FILE.jsonl]
 """
 
 from __future__ import annotations
@@ -146,14 +154,40 @@ def _steps(hs, cmf, g, geo, pos0: int, n: int, rng, api_us: list | None = None) 
     return times
 
 
-def _device_ms(hs, cmf, g, reps: int) -> tuple:
-    """(milliseconds a replay of the one-row step's graph takes back to back, microseconds of host
-    time its launch takes after a sync, median of 16), (None, None) without a graph."""
+def _windows(hs, cmf, g, geo, pos: int, ns, reps: int, rng) -> list[tuple[int, float]]:
+    """Greedy verify windows of each n in `ns` from pos as the engine runs them (`EngineCuda.verify`,
+    the window then accepted whole): [(n, wall seconds of each window after the first)]."""
+    from cortiq_drv.graph import SpecTail
+    from cortiq_drv.hybrid import api
+
+    out = []
+    for n in ns:
+        times = []
+        for i in range(reps + 1):
+            h = rng.standard_normal((n, g.hidden)).astype(np.float32)
+            ids = np.empty(n, dtype=np.int32)
+            t0 = time.perf_counter_ns()
+            res = api.batch(hs, cmf, KV_ID, 0, g.layers, g.invf, h, positions=range(pos, pos + n),
+                            spec=SpecTail(g.lm, g.lm_rows, g.final_norm), argmax_out=ids, **geo)
+            if not res.ok:
+                raise SystemExit(f"verify window of {n} rows at {pos}: {res.status}: {res.reason}")
+            if i:
+                times.append((time.perf_counter_ns() - t0) / 1e9)
+            pos += n
+        out.append((n, times))
+    return out
+
+
+def _device_ms(hs, cmf, g, reps: int, n: int = 1) -> tuple:
+    """(milliseconds a replay of the one-row step's graph, or with n > 1 the n-row greedy verify
+    window's, takes back to back, microseconds of host time its launch takes after a sync,
+    median of 16), (None, None) without a graph."""
     from cortiq_drv.cu import Event
     from cortiq_drv.hybrid.graphs import graph_key
 
     plan = hs.plans.get((cmf.uid, 0, len(g.layers), True))
-    key = None if plan is None else graph_key(plan, KV_ID, 0, 1, False, True, (), pick=True, staged=True)
+    win = n > 1
+    key = None if plan is None else graph_key(plan, KV_ID, 0, n, win, True, (), pick=True, staged=not win)
     rec = None if key is None else hs.graphs.get(key)
     if rec is None:
         return None, None
@@ -268,7 +302,7 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
     geo = card_geo(g)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
-    hs.kv_hint = a.prompt + a.warmup + a.tokens + 2 + (64 if a.breakdown else 0)
+    hs.kv_hint = a.prompt + a.warmup + a.tokens + 2 + (64 if a.breakdown else 0) + sum(a.windows) * (a.reps + 1)
     _prompt(hs, cmf, g, geo, a.prompt, rng)
     plan_s = time.perf_counter() - t0
     rec0 = hs.counters.graph_rec
@@ -280,6 +314,8 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
     pos += a.tokens
     ms = statistics.median(times) * 1e3
     dev, launch_us = _device_ms(hs, cmf, g, max(a.tokens, 16))
+    wins = _windows(hs, cmf, g, geo, pos, a.windows, a.reps, rng)
+    pos += sum(a.windows) * (a.reps + 1)
     counted = _nodes(hs, cmf, g, geo, pos, rng)
     parts = step_bytes(g, pos - 1)
     total = sum(parts.values())
@@ -295,6 +331,12 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
               target_ratio=0.6 if label == "9b" else None, graph_nodes=counted.launches,
               graph_launch_us=None if launch_us is None else round(launch_us, 1),
               graphs_recorded_in_steps=hs.counters.graph_rec - rec0, tok_s=round(1e3 / ms, 1)))
+    for n, wt in wins:
+        wdev, _ = _device_ms(hs, cmf, g, max(a.tokens, 16), n)
+        emit(dict(bench="verify_window", shape=label, n=n, ms=round(statistics.median(wt) * 1e3, 4),
+                  device_ms=None if wdev is None else round(wdev, 4), step_device_ms=None if dev is None else round(dev, 4),
+                  ratio=None if wdev is None or dev is None else round(wdev / dev, 3),
+                  target_ratio=1.3 if n == 8 else None))
     if a.breakdown:
         emit(dict(bench="decode_host", shape=label, sections=_host_sections(hs, cmf, g, geo, pos + 1, rng),
                   profile=_host_profile(hs, cmf, g, geo, pos + 33, rng)))
@@ -329,6 +371,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--prompt", type=int, default=512, help="rows before the first timed step")
     ap.add_argument("--rows", default="1,4,8,16", help="row counts of the matvec lines")
+    ap.add_argument("--windows", default="2,4,8,16", help="rows of the verify-window lines ('': none)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--source", choices=("file", "mem"), default="file")
     ap.add_argument("--dir", default=None, help="where model files go (default: a temporary directory)")
@@ -337,6 +380,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     a = ap.parse_args(argv)
     a.rows = [int(v) for v in a.rows.split(",")]
+    a.windows = [int(v) for v in a.windows.split(",") if v]
+    if any(not 2 <= n <= 16 for n in a.windows):
+        ap.error("--windows: row counts from 2 to 16 (the small path's verify windows)")
     if a.prompt < 1:
         ap.error("--prompt: at least 1 row")
     from cortiq_drv.cu.ctx import device_available
