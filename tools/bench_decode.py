@@ -25,10 +25,12 @@ back), each accepted whole: `ms` wall (median of --reps after one that records t
 `device_ms` its graph replayed back to back, and `ratio` = device_ms / the one-row step's
 device_ms (target <= 1.3 at n = 8).
 
-With --breakdown, two more lines per shape: `decode_kernels`, each kernel's microseconds in a step
-(every launch of a direct step recorded, then each replayed 10 times in a graph of its own), and
-`decode_host`, the token path's parts (microseconds a step, each timed by a wrapper) and
-cProfile's costliest functions over 32 steps (microseconds a step, own time).
+With --breakdown, more lines per shape: `decode_host`, the token path's parts (microseconds a
+step, each timed by a wrapper) and cProfile's costliest functions over 32 steps (microseconds a
+step, own time); `decode_kernels`, each kernel's microseconds in a step (every launch of a direct
+step recorded, then each replayed 10 times in a graph of its own), and `verify_window_kernels`
+the same for a window of each --windows row count (a window's device copies, the GDN tapes'
+rows, are not launches: the window's device_ms less total_us bounds them and the gaps).
 
 Then each matvec's TB/s at --rows rows (`bench_kernels.bench_matrix`, lines with bench "hy_mmp").
 Usage: python tools/bench_decode.py [--shapes 9b,27b] [--tokens 64] [--prompt 512] [--rows 1,4,8,16]
@@ -210,12 +212,13 @@ def _device_ms(hs, cmf, g, reps: int, n: int = 1) -> tuple:
         e1.close()
 
 
-def _nodes(hs, cmf, g, geo, pos: int, rng) -> _Counting:
-    """One decode step launched directly through a counting context (its launches kept)."""
+def _counted(hs, run) -> _Counting:
+    """run() (a decode step or a window) launched directly through a counting context (its
+    launches kept)."""
     real, graphs = hs.ctx, hs.use_graphs
     hs.ctx, hs.use_graphs = _Counting(real), False
     try:
-        _steps(hs, cmf, g, geo, pos, 1, rng)
+        run()
         return hs.ctx
     finally:
         hs.ctx, hs.use_graphs = real, graphs
@@ -302,7 +305,8 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
     geo = card_geo(g)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
-    hs.kv_hint = a.prompt + a.warmup + a.tokens + 2 + (64 if a.breakdown else 0) + sum(a.windows) * (a.reps + 1)
+    hs.kv_hint = (a.prompt + a.warmup + a.tokens + 2 + (64 if a.breakdown else 0)
+                  + sum(a.windows) * (a.reps + 1 + int(a.breakdown)))
     _prompt(hs, cmf, g, geo, a.prompt, rng)
     plan_s = time.perf_counter() - t0
     rec0 = hs.counters.graph_rec
@@ -312,12 +316,14 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
     api_us: list = []
     times = _steps(hs, cmf, g, geo, pos, a.tokens, rng, api_us)
     pos += a.tokens
+    # what the timed steps read (the K/V rows grow with the position)
+    parts = step_bytes(g, pos - 1)
     ms = statistics.median(times) * 1e3
     dev, launch_us = _device_ms(hs, cmf, g, max(a.tokens, 16))
     wins = _windows(hs, cmf, g, geo, pos, a.windows, a.reps, rng)
     pos += sum(a.windows) * (a.reps + 1)
-    counted = _nodes(hs, cmf, g, geo, pos, rng)
-    parts = step_bytes(g, pos - 1)
+    counted = _counted(hs, lambda: _steps(hs, cmf, g, geo, pos, 1, rng))
+    pos += 1
     total = sum(parts.values())
     floor_ms = total / (bw * 1e12) * 1e3
     emit(dict(bench="decode", shape=label, source=a.source, model_s=round(made_s, 1),
@@ -338,11 +344,18 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
                   ratio=None if wdev is None or dev is None else round(wdev / dev, 3),
                   target_ratio=1.3 if n == 8 else None))
     if a.breakdown:
-        emit(dict(bench="decode_host", shape=label, sections=_host_sections(hs, cmf, g, geo, pos + 1, rng),
-                  profile=_host_profile(hs, cmf, g, geo, pos + 33, rng)))
-        ks = _kernel_us(hs.ctx, counted.kept)
-        emit(dict(bench="decode_kernels", shape=label, total_us=round(sum(t for _, t in ks.values()), 1),
-                  kernels=ks))
+        emit(dict(bench="decode_host", shape=label, sections=_host_sections(hs, cmf, g, geo, pos, rng),
+                  profile=_host_profile(hs, cmf, g, geo, pos + 32, rng)))
+        pos += 64
+        # the windows' launches counted before any kernel is replayed on its own (states move)
+        wk = []
+        for n in a.windows:
+            wk.append((n, _counted(hs, lambda n=n, p=pos: _windows(hs, cmf, g, geo, p, [n], 0, rng))))
+            pos += n
+        for name, n, c in [("decode_kernels", 1, counted)] + [("verify_window_kernels", n, c) for n, c in wk]:
+            ks = _kernel_us(hs.ctx, c.kept)
+            emit(dict(bench=name, shape=label, n=n, launches=c.launches,
+                      total_us=round(sum(t for _, t in ks.values()), 1), kernels=ks))
     spec.reset(hs, KV_ID)
 
 
