@@ -80,17 +80,16 @@ def _gdn(ctx, plan, g: GdnL, views, n: int, tape: bool, st: Stages) -> None:
     st.mark(1)
     # dk = 128 (every Qwen3.5-family file): the column scan, which keeps the tape's state copy
     col_scan = g.dk == 128 and g.dv % 32 == 0
-    r_bytes = (g.kk - 1) * g.cdim * 4
-    if tape:
-        if not col_scan:
-            s_save.copy_from(s.view(0, g.nv * g.dk * g.dv * 4))
-        if r_bytes:
-            ring_save.copy_from(ring.view(0, r_bytes))
-        # the raw rows (the ring replays from them), at the projection's own row stride
-        t_qkv.copy_from(r.qkv.view(0, n * geo.cdmax * 4))
+    if tape and not col_scan:
+        s_save.copy_from(s.view(0, g.nv * g.dk * g.dv * 4))
+    # the front keeps the tape's raw rows (the ring replays from them; at the projection's own row
+    # stride) and the ring as the window found it. The reference copies both before the front:
+    # two device copies a GDN layer in the window's graph, which cost the 9B's windows 55-77 us
+    # on the H200 (bench_decode's verify_window lines, n = 2..16)
+    tq, rs = (t_qkv, ring_save if g.kk > 1 else 0) if tape else (0, 0)
     ctx.launch(fx.front, (g.cdim // g.dk + 2 * g.nv, n), max(g.dk, 64), 0,
-               kargs("QiQQQiiiiiQiQQQQQi", r.qkv, geo.cdmax, ring, g.taps, t_cq, n, g.cdim, g.kk, g.nk,
-                     g.dk, r.xn, plan.hidden, g.a, g.b, g.a_log, g.dt_bias, t_gb, g.nv))
+               kargs("QiQQQiiiiiQiQQQQQiQQ", r.qkv, geo.cdmax, ring, g.taps, t_cq, n, g.cdim, g.kk, g.nk,
+                     g.dk, r.xn, plan.hidden, g.a, g.b, g.a_log, g.dt_bias, t_gb, g.nv, tq, rs))
     # the scan, with blocks after it that move the conv ring, then the gated norm (plain w and the
     # gate silu on Qwen3.5: sig 0, gemma 0): one launch for both where a head fits a block
     fused = col_scan and g.dv <= 128

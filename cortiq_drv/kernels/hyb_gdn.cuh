@@ -67,13 +67,16 @@ __device__ __forceinline__ void gdn_dot_run(const float* x, const float* w, int&
 // Pointers: qkv [n][qs] f32; ring [kk-1][cdim] f32 (unused when kk == 1); taps [cdim][kk] f32;
 //   cq [n][cdim] f32 out; xn [n][hidden] f32 (the normed rows); aw, bw [nv][hidden] f32 (the f32
 //   in_proj_a / in_proj_b); a_log, dt_bias [nv] f32; gb [n][2*nv] f32 out.
+//   tq [n][qs] f32, rs [kk-1][cdim] f32 (a verify window's tape, or 0): the raw rows' first cdim
+//   columns and the ring as the window found them, each unit's channels copied by its blocks
+//   (rs by row 0's; 0 when kk == 1), for spec_restore's hy_gdn_restore_ring.
 // Grid (cdim/dk + 2*nv, n), block max(dk, 64) threads (a multiple of 32). Assumes cdim % dk == 0
 // (dv == dk) and dk <= 512. Reads the ring, does not move it (the scan does, after).
 // PDL: the block's taps and ring lines, or its gate row, go to L2 (pf_l2) before pdl_begin.
 extern "C" __global__ void __launch_bounds__(512, 1)
     hy_gdn_front(const float* qkv, int qs, const float* ring, const float* taps, float* cq, int n, int cdim, int kk,
                  int nk, int dk, const float* xn, int hidden, const float* aw, const float* bw, const float* a_log,
-                 const float* dt_bias, float* gb, int nv) {
+                 const float* dt_bias, float* gb, int nv, float* tq, float* rs) {
     __shared__ float red[32];
     const int r = blockIdx.y, u = blockIdx.x, t = threadIdx.x;
     const int units = cdim / dk;
@@ -102,6 +105,11 @@ extern "C" __global__ void __launch_bounds__(512, 1)
                 const float* src = m >= 0 ? qkv + (size_t)m * qs : ring + (size_t)(kk - 1 + m) * cdim;
                 acc += taps[(size_t)c * kk + j] * src[c];
             }
+        }
+        if (tq && on) {
+            tq[(size_t)r * qs + c] = qkv[(size_t)r * qs + c];
+            if (rs && r == 0)
+                for (int j = 0; j < kk - 1; ++j) rs[(size_t)j * cdim + c] = ring[(size_t)j * cdim + c];
         }
         float y = on ? siluf_(acc) : 0.0f;
         if (u < 2 * nk) {

@@ -63,12 +63,14 @@ class GdnLayer:
         self.qkv.upload(padded(qkv, self.g["qs"]))
         self.xn.upload(xn)
 
-    def front(self, kern, ctx, n):
+    def front(self, kern, ctx, n, tape=None):
+        """The front; `tape` (tq, rs): a verify window's raw-row and ring saves."""
         g = self.g
+        tq, rs = tape or (None, None)
         ctx.launch(kern("hy_gdn_front"), (g["cdim"] // g["dk"] + 2 * g["nv"], n), max(g["dk"], 64), 0,
-                   kargs("QiQQQiiiiiQiQQQQQi", self.qkv, g["qs"], self.ring, self.taps, self.cq, n, g["cdim"],
+                   kargs("QiQQQiiiiiQiQQQQQiQQ", self.qkv, g["qs"], self.ring, self.taps, self.cq, n, g["cdim"],
                          g["kk"], g["nk"], g["dk"], self.xn, g["hidden"], self.aw, self.bw, self.a_log,
-                         self.dt_bias, self.gb, g["nv"]))
+                         self.dt_bias, self.gb, g["nv"], tq, rs))
 
     def scan(self, kern, ctx, n, col, save=None):
         g = self.g
@@ -105,6 +107,29 @@ def test_gdn_front(ctx, kern, dev, n, kk):
     # the front reads the ring, the scan moves it
     np.testing.assert_array_equal(got["ring"], p["ring"].reshape(-1))
 
+
+
+@pytest.mark.parametrize("n,kk", [(1, 4), (5, 4), (16, 4), (3, 1)])
+def test_gdn_front_keeps_the_tape(ctx, kern, dev, n, kk):
+    """With a tape the front also saves the window's raw rows (first cdim columns, qs apart) and
+    the ring as it found it, and computes the same bytes as without."""
+    p, s0, g = gdn_case(77 + n + kk, n, kk=kk)
+    lay = GdnLayer(dev, p, s0, g)
+    lay.rows(p["qkv"], p["xn"])
+    lay.front(kern, ctx, n)
+    plain = lay.read(n)
+    tq = dev.put(np.full((16, g["qs"]), -7.0, F32))
+    rs = dev.put(np.full((max(kk - 1, 1), g["cdim"]), -7.0, F32))
+    lay.front(kern, ctx, n, (tq, rs if kk > 1 else None))
+    got = lay.read(n)
+    for k in ("cq", "gb"):
+        assert got[k].tobytes() == plain[k].tobytes(), k
+    saved = tq.to_host(F32).reshape(16, g["qs"])
+    assert saved[:n, :g["cdim"]].tobytes() == p["qkv"].tobytes()
+    assert (saved[n:] == -7.0).all() and (saved[:n, g["cdim"]:] == -7.0).all()
+    if kk > 1:
+        assert rs.to_host(F32).tobytes() == p["ring"].tobytes()
+    np.testing.assert_array_equal(got["ring"], p["ring"].reshape(-1))
 
 SCANS = [pytest.param(True, 128, 128, id="scan4"), pytest.param(False, 128, 128, id="scan-dk128"),
          pytest.param(False, 64, 48, id="scan-dk64-dv48")]
