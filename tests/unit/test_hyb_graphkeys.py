@@ -117,12 +117,27 @@ def test_launch_sequence_and_argument_lists(hyb_tiny):
     assert by["hy_gdn_scan4_out32"].grid == (4 + cdim // 512, 1) and by["hy_gdn_scan4_out32"].block == 512
     assert by["hy_qk"].grid == (g.nh + g.nkv, 2) and by["hy_qk"].block == g.hd
     assert by["hy_scores"].grid == (129, g.nkv, 2) and by["hy_finish"].grid == (g.nh, 2)
-    # the tape's state copy is the column scan's own (its 14th argument), not a device copy
+    # the tape's state copy is the column scan's own (its 14th argument), not a device copy, and
+    # its raw rows and ring the front's (its last two), every GDN layer's own
     assert int.from_bytes(by["hy_gdn_scan4_out32"].args[13], "little") == hs.gdn[(1, 2)].s_save.ptr
+    fronts = [l for l in ctx.launches if l.name == "hy_gdn_front"]
+    saves = [(int.from_bytes(l.args[-2], "little"), int.from_bytes(l.args[-1], "little")) for l in fronts]
+    assert saves == [(hs.gdn[(1, li)].t_qkv.ptr, hs.gdn[(1, li)].ring_save.ptr) for li in (0, 1, 2)]
     # the call record address: plan.ci, the first (only) attention layer
     assert int.from_bytes(by["hy_scores"].args[-1], "little") == p.ci.ptr
     assert p.ci.read(np.int32, 8).tolist() == [0, 0, 64, 4096, 64, 0, 0, 0]
 
+
+
+def test_a_call_without_tape_saves_nothing(hyb_tiny):
+    cmf, g = hyb_tiny
+    hs, ctx, _ = _fakecard.fake_state()
+    hs.use_graphs = False
+    p = _plan(hs, cmf, g)
+    ctx.launches.clear()
+    _call(hs, p, g, 1, 0, 1)
+    fronts = [l for l in ctx.launches if l.name == "hy_gdn_front"]
+    assert len(fronts) == 3 and all(l.args[-2:] == (bytes(8), bytes(8)) for l in fronts)
 
 def test_token_outcomes_on_the_fake_card(hyb_tiny):
     cmf, g = hyb_tiny
