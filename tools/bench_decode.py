@@ -29,8 +29,8 @@ With --breakdown, more lines per shape: `decode_host`, the token path's parts (m
 step, each timed by a wrapper) and cProfile's costliest functions over 32 steps (microseconds a
 step, own time); `decode_kernels`, each kernel's microseconds in a step (every launch of a direct
 step recorded, then each replayed 10 times in a graph of its own), and `verify_window_kernels`
-the same for a window of each --windows row count (a window's device copies, the GDN tapes'
-rows, are not launches: the window's device_ms less total_us bounds them and the gaps).
+the same for a window of each --windows row count (device_ms less total_us: what the kernels
+timed alone do not explain, the gaps between them in the graph).
 
 Then each matvec's TB/s at --rows rows (`bench_kernels.bench_matrix`, lines with bench "hy_mmp").
 Usage: python tools/bench_decode.py [--shapes 9b,27b] [--tokens 64] [--prompt 512] [--rows 1,4,8,16]
@@ -340,7 +340,8 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
     for n, wt in wins:
         wdev, _ = _device_ms(hs, cmf, g, max(a.tokens, 16), n)
         emit(dict(bench="verify_window", shape=label, n=n, ms=round(statistics.median(wt) * 1e3, 4),
-                  device_ms=None if wdev is None else round(wdev, 4), step_device_ms=None if dev is None else round(dev, 4),
+                  device_ms=None if wdev is None else round(wdev, 4),
+                  step_device_ms=None if dev is None else round(dev, 4),
                   ratio=None if wdev is None or dev is None else round(wdev / dev, 3),
                   target_ratio=1.3 if n == 8 else None))
     if a.breakdown:
