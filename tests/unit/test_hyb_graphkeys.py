@@ -94,13 +94,20 @@ def test_direct_launches_match_the_recorded_graph(hyb_tiny):
     assert recorded[True] == recorded[False]
 
 
-def test_launch_sequence_and_argument_lists(hyb_tiny):
+def _direct_call(hyb_tiny, n, tape):
+    """A fresh fake card's plan and one call of n rows launched directly: (hs, plan, ctx, g),
+    the call's launches in ctx.launches."""
     cmf, g = hyb_tiny
     hs, ctx, _ = _fakecard.fake_state()
     hs.use_graphs = False
     p = _plan(hs, cmf, g)
     ctx.launches.clear()
-    _call(hs, p, g, 1, 0, 2, tape=True)
+    _call(hs, p, g, 1, 0, n, tape=tape)
+    return hs, p, ctx, g
+
+
+def test_launch_sequence_and_argument_lists(hyb_tiny):
+    hs, p, ctx, g = _direct_call(hyb_tiny, 2, True)
     names = [l.name for l in ctx.launches]
     gdn = ["hy_rmsnorm2", "hy_mmp", "hy_gdn_front", "hy_gdn_scan4_out32", "hy_mmp"]
     attn = ["hy_rmsnorm2", "hy_mmp", "hy_qk", "hy_scores", "hy_values", "hy_finish", "hy_mmp"]
@@ -128,16 +135,11 @@ def test_launch_sequence_and_argument_lists(hyb_tiny):
     assert p.ci.read(np.int32, 8).tolist() == [0, 0, 64, 4096, 64, 0, 0, 0]
 
 
-
 def test_a_call_without_tape_saves_nothing(hyb_tiny):
-    cmf, g = hyb_tiny
-    hs, ctx, _ = _fakecard.fake_state()
-    hs.use_graphs = False
-    p = _plan(hs, cmf, g)
-    ctx.launches.clear()
-    _call(hs, p, g, 1, 0, 1)
+    _, _, ctx, _ = _direct_call(hyb_tiny, 1, False)
     fronts = [l for l in ctx.launches if l.name == "hy_gdn_front"]
     assert len(fronts) == 3 and all(l.args[-2:] == (bytes(8), bytes(8)) for l in fronts)
+
 
 def test_token_outcomes_on_the_fake_card(hyb_tiny):
     cmf, g = hyb_tiny
