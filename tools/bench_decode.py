@@ -156,7 +156,7 @@ def _steps(hs, cmf, g, geo, pos0: int, n: int, rng, api_us: list | None = None) 
     return times
 
 
-def _windows(hs, cmf, g, geo, pos: int, ns, reps: int, rng) -> list[tuple[int, float]]:
+def _windows(hs, cmf, g, geo, pos: int, ns, reps: int, rng) -> list[tuple[int, list[float]]]:
     """Greedy verify windows of each n in `ns` from pos as the engine runs them (`EngineCuda.verify`,
     the window then accepted whole): [(n, wall seconds of each window after the first)]."""
     from cortiq_drv.graph import SpecTail

@@ -84,10 +84,9 @@ def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, k
         gs.next_pos = end
         gs.tape = tp
     stored = [m.stored for m in kv]
-    # one record per distinct row count (the attention layers of a stack hold the same rows),
-    # the records made into one array at once
+    # one record per distinct row count (the attention layers of a stack hold the same rows)
     recs = {s: record(s, n) for s in set(stored)}
-    ci = np.array([w for s in stored for w in recs[s]], dtype=np.int32)
+    ci = np.array([recs[s] for s in stored], dtype=np.int32).reshape(-1)
     for m in kv:
         m.stored += n
     keys_max = max((r[0] + n for r in recs.values()), default=0)
