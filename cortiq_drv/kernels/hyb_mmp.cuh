@@ -7,13 +7,9 @@
 #define HY_WT 8
 #define HY_WG 2
 // Fewest wide items for which a multi-row call takes the wide path (else hy_mmp_run's); it also
-// needs items for at least 1 / HY_WIDE_GRID of the grid's blocks (few-tile sets keep hy_mmp_run's
-// K split).
+// needs items for at least half of the grid's blocks (few-tile sets keep hy_mmp_run's K split).
 #ifndef HY_WIDE_MIN
 #define HY_WIDE_MIN 16
-#endif
-#ifndef HY_WIDE_GRID
-#define HY_WIDE_GRID 2
 #endif
 // Items of a job of `rows` rows at `per` tiles an item: ceil(ceil(rows / 16) / per).
 __device__ __forceinline__ int hy_job_items(int rows, int per) { return (((rows + 15) >> 4) + per - 1) / per; }
@@ -246,7 +242,7 @@ __device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring) {
 //   code bytes: both tiles of two groups (TB 2) or four groups of the tile (TB 1); each group's B
 //   fragments are loaded (__ldg) while the group before it computes (up to 3 n-tiles). The next
 //   item's first stages and ladders are fetched while this one's sums are reduced. Calls of 3
-//   rows or more over at least HY_WIDE_MIN items of HY_WT tiles (and 1 / HY_WIDE_GRID of the grid), planes
+//   rows or more over at least HY_WIDE_MIN items of HY_WT tiles (and half the grid), planes
 //   16-byte aligned with xs % 8 == 0, run hy_mmp_wide instead: the same sums in the same order
 //   (so the same bits), the B fragments staged once a block.
 //   PDL (common.cuh): hy_mmp_run fetches the first item's weight stages and makes its rung table
@@ -268,7 +264,7 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
     // choice is the same in every block of a launch)
     const bool al = ((xs & 7) | (int)(((size_t)p0 | (size_t)p1 | (size_t)p2) & 15)) == 0;
     const int witems = ntc >= 2 && al ? hy_wide_items(jobs, nj) : 0;
-    if (witems >= HY_WIDE_MIN && HY_WIDE_GRID * witems >= (int)gridDim.x) {
+    if (witems >= HY_WIDE_MIN && 2 * witems >= (int)gridDim.x) {
         constexpr int XB = (int)sizeof(HySmem<NC, TB, KS>) & ~15;
         unsigned char* xsm = (unsigned char*)&sm;
         switch (ntc) {
