@@ -32,9 +32,9 @@ HYJOB = np.dtype([("w", "<u8"), ("aux0", "<u8"), ("aux1", "<u8"), ("y", "<u8"), 
 MAXJ = 8
 
 
-# Each warp's cp.async ring in hy_mmp: HY_STAGES stages of HY_STAGE bytes (four 256-byte weight
-# units and their 16 code bytes; kernels/hyb_mma.cuh: the kernel traps when launched with less
-# dynamic shared memory).
+# hy_mmp's dynamic shared memory: HY_STAGES stages of HY_STAGE bytes (four 256-byte weight units
+# and their 16 code bytes) a warp, the wide path's budget, in which hy_mmp_run walks rings of
+# HY_RUN_STAGES (kernels/hyb_mmp_core.cuh; the kernel traps when launched with less).
 RING_STAGES = 8
 STAGE_BYTES = 1088
 # hy_mmv's shallower ring (HY_MV_STAGES; a sweep compiling another value gives `MmaFuncs` its own).

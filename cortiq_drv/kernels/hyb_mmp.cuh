@@ -238,7 +238,7 @@ __device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring) {
 //   Work: item b (the jobs' blocks: ceil(ceil(rows / 16) / TB) each, from blk0) is TB tiles of one
 //   job; block k of the grid (any size) takes items k, k + gridDim.x, ... Warp w takes groups
 //   [w gpr / KS, (w + 1) gpr / KS) of the item's tiles and streams them through its own ring of
-//   HY_STAGES stages (cp.async), a stage being four (tile, group) units of 256 weight bytes + 16
+//   HY_RUN_STAGES stages (cp.async), a stage being four (tile, group) units of 256 weight bytes + 16
 //   code bytes: both tiles of two groups (TB 2) or four groups of the tile (TB 1); each group's B
 //   fragments are loaded (__ldg) while the group before it computes (up to 3 n-tiles). The next
 //   item's first stages and ladders are fetched while this one's sums are reduced. Calls of 3
@@ -256,6 +256,7 @@ template <int NT, int TB, int KS>
 __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                        const bf16* p2, int xs, int n, int cols) {
     constexpr int NC = 3 * NT;
+    static_assert(HY_RUN_STAGES <= HY_STAGES, "hy_mmp_run's rings fit the launch's shared memory");
     __shared__ HySmem<NC, TB, KS> sm;
     const int total = hy_items<TB>(jobs, nj, KS * HY_STAGES * HY_STAGE);
     if ((int)blockIdx.x >= total) return;
@@ -282,15 +283,15 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
         return;
     }
     switch (ntc) {
-    case 1: hy_mmp_run<NC, 1, TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
-    case 2: hy_mmp_run<NC, 2, TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
-    case 3: hy_mmp_run<NC, 3, TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+    case 1: hy_mmp_run<NC, 1, TB, KS, HY_RUN_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+    case 2: hy_mmp_run<NC, 2, TB, KS, HY_RUN_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+    case 3: hy_mmp_run<NC, 3, TB, KS, HY_RUN_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
     default:
         if (NT == 2) {
             switch (ntc) {
-            case 4: hy_mmp_run<NC, (NT == 2 ? 4 : 1), TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
-            case 5: hy_mmp_run<NC, (NT == 2 ? 5 : 1), TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
-            default: hy_mmp_run<NC, (NT == 2 ? 6 : 1), TB, KS, HY_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+            case 4: hy_mmp_run<NC, (NT == 2 ? 4 : 1), TB, KS, HY_RUN_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+            case 5: hy_mmp_run<NC, (NT == 2 ? 5 : 1), TB, KS, HY_RUN_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+            default: hy_mmp_run<NC, (NT == 2 ? 6 : 1), TB, KS, HY_RUN_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
             }
         }
     }
