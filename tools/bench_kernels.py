@@ -194,10 +194,9 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
 
     try:
         for n in a.rows:
-            rule = rot.sets[0].variant(n)
-            rule += (any(rot.sets[0].pick(fx, p, n, *rule)[0] is f for row in fx.mmvs for f in row),)
+            rule = rot.sets[0].choice(fx, p, n)
             nt = rule[0]
-            nts = (0, 1) if nt == 0 else (nt,)  # hy_mmv (and hy_mmvs) beside hy_mmp_1 at one or two rows
+            nts = (0, 1) if n <= 2 else (nt,)  # hy_mmv (and hy_mmvs) beside hy_mmp_1 at one or two rows
             choices = [rule] if a.variants == "rule" else [
                 (v, tb, ks, st) for v in nts for tb in (1, 2) for ks in (8, 16) for st in stagings(v, tb, ks, n)]
             reps_k = -(-GRAPH_CALLS // len(rot.sets))

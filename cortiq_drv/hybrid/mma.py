@@ -98,6 +98,20 @@ def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int) -> bool:
     return grid >= min(items, ring_cap) and -(-items // grid) * gpr >= STAGE_MIN_GROUPS
 
 
+def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
+    """Whether a one- or two-row call over `items` work items takes hy_mmp_1 rather than hy_mmv
+    (the same KS, so the same bits): when hy_mmp_1's grid (`cap_mmp` blocks resident on the card:
+    fewer, with twice hy_mmv's registers) walks the items in no more rounds than hy_mmv's
+    (`cap_mmv`). H200, `bench_kernels --models 9B,27B --rows 1,2 --variants all`, us at one / two
+    rows, hy_mmp_1 against hy_mmv (session12.md call 4): rounds equal, it wins: 9B o and GDN out
+    (128 items, one round each) 6.0 / 6.6 against 6.6 / 7.3, 9B down at two rows 13.8 against
+    15.0, 27B attention in (448 items, two rounds each) 18.2 / 20.7 against 20.6 / 26.8, 27B GDN
+    in 18.5 / 21.4 against 21.2 / 27.4; a round more, it loses: 9B attention in (320 items: two
+    rounds against one) 14.8 / 16.8 against 10.5 / 12.1, 9B gate/up 22.9 against 21.1, 27B o
+    12.1 against 10.7, 27B down 30.8 against 25.6."""
+    return -(-items // cap_mmp) <= -(-items // cap_mmv)
+
+
 class MmaFuncs:
     """The weight-side kernels of one loaded hyb.cu module: `mmp[NT][TB - 1][KS == 16]` (NT 0:
     `hy_mmv_{TB}_{KS}`, the one- and two-row entries; 1, 2: `hy_mmp_{NT}_{TB}_{KS}`), `split`,
@@ -274,17 +288,36 @@ class MmaSet:
         self._hyjobs = [jobs_block(t) for t in self.jobs]
         self.ks16, self.tb1 = set_rules([s.rows for s in list_])
         self._calls = {}  # (fx, nt, tb, ks, staged, planes, n): ctx.launch's arguments
+        self._choices = {}  # (fx, planes, n): `choice`
 
     def variant(self, n: int) -> tuple[int, int, int]:
         """(NT, TB, KS) of a call with `n` rows (`MmaSet::run`'s choice)."""
         return variant(n, self.ks16, self.tb1)
 
+    def choice(self, fx, p: Planes, n: int) -> tuple[int, int, int, bool]:
+        """(NT, TB, KS, staged) of `run`'s call: `variant`, and at one or two rows hy_mmvs where
+        `stages_b` rules it (one row), else hy_mmp_1 instead of hy_mmv where `fewer_waves` does."""
+        nt, tb, ks = self.variant(n)
+        if nt:
+            return nt, tb, ks, False
+        ki = int(ks == 16)
+        if self.pick(fx, p, n, nt, tb, ks)[0] is fx.mmvs[tb - 1][ki]:
+            return nt, tb, ks, True
+        if fewer_waves(self.blocks[tb - 1], fx.grid_cap[0][tb - 1][ki], fx.grid_cap[1][tb - 1][ki]):
+            nt = 1
+        return nt, tb, ks, False
+
     def run(self, ctx, fx, p: Planes, cols: int, n: int) -> None:
-        """The call's `n` rows of x (as planes) through every matrix (`MmaSet::run`)."""
+        """The call's `n` rows of x (as planes) through every matrix (`MmaSet::run`, choosing as
+        `choice` does)."""
         if cols != self.cols or p.stride % 2:
             raise CortiqError(f"hy_mmp: planes {cols} wide (stride {p.stride}) for matrices "
                               f"{self.cols} wide (an even stride)")
-        self.launch(ctx, fx, p, n, *self.variant(n))
+        key = (fx, p, n)
+        how = self._choices.get(key)
+        if how is None:
+            how = self._choices[key] = self.choice(fx, p, n)
+        self.launch(ctx, fx, p, n, *how)
 
     def launch(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None) -> None:
         """Launch variant (nt, tb, ks) over the set (`hy_mmv_{tb}_{ks}` when nt is 0, or

@@ -219,6 +219,33 @@ def test_mmp_launches_take_their_variants_ring():
     assert [s for _, _, s in ctx.launches] == [ks * (6 if nt == 0 else stages) * stage for nt, tb, ks in variants]
 
 
+def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds():
+    """fewer_waves on the shapes it was measured on (132 SMs; hy_mmv / hy_mmp_1 blocks resident:
+    KS 16 264 / 132, KS 8 396 / 264), and `choice` on a fake card: one and two rows only, the
+    set's TB and KS kept, staging first."""
+    import _fakecard
+
+    assert mma.fewer_waves(128, 264, 132)  # 9B o, GDN out, down: one round each
+    assert mma.fewer_waves(448, 396, 264)  # 27B attention in: two rounds each
+    assert mma.fewer_waves(516, 396, 264)  # 27B GDN in
+    assert not mma.fewer_waves(320, 396, 264)  # 9B attention in: two rounds against one
+    assert not mma.fewer_waves(768, 396, 264)  # 9B gate/up: three against two
+    assert not mma.fewer_waves(160, 264, 132)  # 27B o, down
+
+    class Wide(_Mat):
+        cols = 4096
+
+    ctx = _fakecard.FakeCtx()
+    fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
+    p = mma.Planes(0x10000, 0x20000, 0x30000, 4096)
+    rounds = {ki: (fx.grid_cap[0][1][ki], fx.grid_cap[1][1][ki]) for ki in (0, 1)}
+    for rows, ks in ((4096, 16), (14336, 8), (24576, 8)):
+        ms = mma.MmaSet(ctx, [mma.JobSpec(Wide(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
+        nt = int(mma.fewer_waves(ms.blocks[1], *rounds[int(ks == 16)]))
+        assert [ms.choice(fx, p, n) for n in (1, 2, 3, 9)] == [(nt, 2, ks, False)] * 2 + [(1, 2, ks, False),
+                                                                                       (2, 2, ks, False)]
+
+
 def test_one_row_calls_stage_their_columns_where_it_pays():
     """stages_b on the shapes it was measured on (132 SMs), and the launches it picks: hy_mmvs
     with the ring and the staged columns (hyb_mmp_core.cuh's hy_sb_stride: 64 bytes a group,
@@ -251,12 +278,15 @@ def test_one_row_calls_stage_their_columns_where_it_pays():
     ms.launch(ctx, fx, p, 2, 0, 2, 16, staged=True)
     ms.launch(ctx, fx, p, 1, 0, 2, 16, staged=False)
     one, two = mma.staged_b_bytes(12288, 1), mma.staged_b_bytes(12288, 2)
-    assert ctx.launches == [("hy_mmvs_2_16", 128, ring + one), ("hy_mmv_2_16", 128, ring),
+    # two rows: no staging; hy_mmp_1 (one block an SM) walks the 128 items in one round as hy_mmv does
+    assert ctx.launches == [("hy_mmvs_2_16", 128, ring + one),
+                            ("hy_mmp_1_2_16", 128, mma.ring_bytes(16, mma.RING_STAGES)),
                             ("hy_mmvs_2_16", 128, ring + two), ("hy_mmv_2_16", 128, ring)]
     odd = mma.Planes(0x10008, 0x20000, 0x30000, 12288)
     ctx.launches.clear()
     ms.run(ctx, fx, odd, 12288, 1)
-    assert ctx.launches == [("hy_mmv_2_16", 128, ring)]
+    # planes that cannot be staged: the unstaged choice (fewer_waves: hy_mmp_1, as at two rows)
+    assert ctx.launches == [("hy_mmp_1_2_16", 128, mma.ring_bytes(16, mma.RING_STAGES))]
     with pytest.raises(CortiqError, match="16-byte aligned"):
         ms.launch(ctx, fx, odd, 1, 0, 2, 16, staged=True)
     with pytest.raises(CortiqError, match="only hy_mmv"):
