@@ -6,10 +6,17 @@
 // hy_mmp_wide).
 #define HY_WT 8
 #define HY_WG 2
-// Fewest wide items for which a multi-row call takes the wide path (else hy_mmp_run's); it also
-// needs items for at least half of the grid's blocks (few-tile sets keep hy_mmp_run's K split).
+// Fewest wide items for which a call of HY_WIDE_ROWS rows or more takes the wide path (else
+// hy_mmp_run's); it also needs items for at least half of the grid's blocks (few-tile sets keep
+// hy_mmp_run's K split). At three rows hy_mmp_run (4-stage rings) wins: H200, bench_kernels
+// --models 9B,27B --matrices gate_up,head, us wide / not: 9B gate/up 45.7 / 37.2, 27B 85.5 /
+// 72.5, the heads 338.7 / 340.6 and 409.4 / 415.9; at four rows the heads lose 15-18% without it
+// (339.4 / 391.4), gate/up gains 3-7% (45.1 / 42.0); from six rows the wide path wins on both.
 #ifndef HY_WIDE_MIN
 #define HY_WIDE_MIN 16
+#endif
+#ifndef HY_WIDE_ROWS
+#define HY_WIDE_ROWS 4
 #endif
 // Items of a job of `rows` rows at `per` tiles an item: ceil(ceil(rows / 16) / per).
 __device__ __forceinline__ int hy_job_items(int rows, int per) { return (((rows + 15) >> 4) + per - 1) / per; }
@@ -241,10 +248,10 @@ __device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring) {
 //   HY_RUN_STAGES stages (cp.async), a stage being four (tile, group) units of 256 weight bytes + 16
 //   code bytes: both tiles of two groups (TB 2) or four groups of the tile (TB 1); each group's B
 //   fragments are loaded (__ldg) while the group before it computes (up to 3 n-tiles). The next
-//   item's first stages and ladders are fetched while this one's sums are reduced. Calls of 3
-//   rows or more over at least HY_WIDE_MIN items of HY_WT tiles (and half the grid), planes
-//   16-byte aligned with xs % 8 == 0, run hy_mmp_wide instead: the same sums in the same order
-//   (so the same bits), the B fragments staged once a block.
+//   item's first stages and ladders are fetched while this one's sums are reduced. Calls of
+//   HY_WIDE_ROWS rows or more over at least HY_WIDE_MIN items of HY_WT tiles (and half the
+//   grid), planes 16-byte aligned with xs % 8 == 0, run hy_mmp_wide instead: the same sums in
+//   the same order (so the same bits), the B fragments staged once a block.
 //   PDL (common.cuh): hy_mmp_run fetches the first item's weight stages and makes its rung table
 //   before pdl_begin() (weights, codes and ladders are written only by hy_repack and uploads,
 //   which their callers sync after), all else after it; hy_mmp_wide, whose stages carry
@@ -260,11 +267,12 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
     __shared__ HySmem<NC, TB, KS> sm;
     const int total = hy_items<TB>(jobs, nj, KS * HY_STAGES * HY_STAGE);
     if ((int)blockIdx.x >= total) return;
+    static_assert(HY_WIDE_ROWS >= 3, "the wide path takes two n-tiles or more");
     const int ntc = (3 * n + 7) >> 3;
-    // multi-row calls over enough tiles, planes 16-byte aligned: the wide items (same bits; the
-    // choice is the same in every block of a launch)
+    // calls of enough rows over enough tiles, planes 16-byte aligned: the wide items (same bits;
+    // the choice is the same in every block of a launch)
     const bool al = ((xs & 7) | (int)(((size_t)p0 | (size_t)p1 | (size_t)p2) & 15)) == 0;
-    const int witems = ntc >= 2 && al ? hy_wide_items(jobs, nj) : 0;
+    const int witems = n >= HY_WIDE_ROWS && al ? hy_wide_items(jobs, nj) : 0;
     if (witems >= HY_WIDE_MIN && 2 * witems >= (int)gridDim.x) {
         constexpr int XB = (int)sizeof(HySmem<NC, TB, KS>) & ~15;
         unsigned char* xsm = (unsigned char*)&sm;

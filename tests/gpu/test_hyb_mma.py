@@ -217,6 +217,58 @@ def test_rows_bit_for_bit_in_any_call(ctx, fx, store, bufs, ks, cols):
             assert rev.reshape(16, 40)[:n][::-1].tobytes() == one[:n].tobytes(), f"reversed n={n}"
 
 
+@pytest.mark.parametrize("pair", [False, True], ids=["plain", "pair"])
+@pytest.mark.parametrize("ks", [8, 16])
+def test_wide_path_rows_bit_for_bit(ctx, fx, store, bufs, ks, pair):
+    """hy_mmp_wide (hyb_mmp.cuh: calls of HY_WIDE_ROWS = 4 rows or more over HY_WIDE_MIN items of 8
+    tiles or more, with items for half the grid): a matrix of 32 760 rows (2048 tiles, the last
+    ragged: 256 wide items, for grids of up to 512 blocks), or a pair of two 16 376-row halves
+    (2047 tiles), 64 wide. Row i of every multi-row call (3 rows: hy_mmp_run; 4..16: wide) equals
+    the row in a one-row call bit for bit; the one-row outputs against float64 as in
+    test_mmp_matches_decode and test_pair_epilogue."""
+    rng = np.random.default_rng(70 + ks + pair)
+    rows, cols, stride = 32760, 64, 16384
+    if pair:
+        inter = rows = 16376  # each half's rows: the outputs a row
+        g, u = random_q4tp(inter, cols, rng), random_q4tp(inter, cols, rng)
+        ms_mat = store.hmat_pair("wide", g, u, inter, cols)
+        wg, wu = (q4tp.decode(b, inter, cols).astype(np.float64) for b in (g, u))
+        outs = [Buf.new(ctx, 16 * stride * 2) for _ in range(2)]
+        ms = mma.mmaset_pair(ctx, ms_mat, outs[0], outs[1], stride)
+    else:
+        pl = random_q4tp(rows, cols, rng)
+        w = q4tp.decode(pl, rows, cols).astype(np.float64)
+        outs = [Buf.new(ctx, 16 * rows * 4)]
+        ms = mma.mmaset(ctx, [mma.JobSpec(store.hmat("wide", pl, rows, cols), outs[0].ptr, 0, rows, rows)])
+    bufs += outs
+    x = rng.standard_normal((16, cols)).astype(np.float32)
+
+    def call(xs, var):
+        """The outputs of the rows xs in one call: f32 [n][rows], or the pair's bf16 planes
+        [n][2][inter]."""
+        n = len(xs)
+        for o in outs:
+            o.memset(0xFF)
+        ms.launch(ctx, fx, planes(ctx, xs, bufs), n, *var)
+        if pair:
+            return np.stack([o.to_host(np.uint16, (16, stride))[:n, :rows] for o in outs], axis=1)
+        return outs[0].to_host(np.float32, (16, rows))[:n]
+
+    ones = np.concatenate([call(x[i:i + 1], (0, 2, ks, False)) for i in range(16)])
+    for n in (3, 4, 5, 8, 9, 16):
+        for tb in (1, 2):
+            got = call(x[:n], ((n + 7) // 8, tb, ks, False))
+            assert got.tobytes() == ones[:n].tobytes(), f"n={n} tb={tb}"
+    xd = x.astype(np.float64)
+    if pair:
+        hi, lo = (f16.from_bf16(ones[:, k]).astype(np.float64) for k in (0, 1))
+        a, b = xd @ wg.T, xd @ wu.T
+        err, tol = rel_rms(hi + 2 * lo, a / (1 + np.exp(-a)) * b), 2e-5
+    else:
+        err, tol = rel_rms(ones, xd @ w.T), 2e-6
+    assert err <= tol, f"relative RMS {err:.3g}"
+
+
 @pytest.mark.parametrize("ks", [8, 16])
 def test_staged_blocks_walk_many_items(ctx, fx, store, bufs, ks):
     """hy_mmvs on a grid of two blocks, each walking several items (the LM head's case: the staged
