@@ -101,8 +101,8 @@ def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int) -> bool:
 def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
     """Whether a one- or two-row call over `items` work items takes hy_mmp_1 rather than hy_mmv
     (the same KS, so the same bits): when hy_mmp_1's grid (`cap_mmp` blocks resident on the card:
-    fewer, with twice hy_mmv's registers) walks the items in no more rounds than hy_mmv's
-    (`cap_mmv`). H200, `bench_kernels --models 9B,27B --rows 1,2 --variants all`, us at one / two
+    fewer, with 128 registers a thread against hy_mmv's 80 or 64) walks the items in no more
+    rounds than hy_mmv's (`cap_mmv`). H200, `bench_kernels --models 9B,27B --rows 1,2 --variants all`, us at one / two
     rows, hy_mmp_1 against hy_mmv (session12.md call 4): rounds equal, it wins: 9B o and GDN out
     (128 items, one round each) 6.0 / 6.6 against 6.6 / 7.3, 9B down at two rows 13.8 against
     15.0, 27B attention in (448 items, two rounds each) 18.2 / 20.7 against 20.6 / 26.8, 27B GDN
@@ -265,8 +265,9 @@ class JobArgs:
 
 
 class MmaSet:
-    """One launch's q4tp matrices: job tables for one and two tiles a block and the choices the
-    reference's `MmaSet` makes (`mmaset_kind`)."""
+    """One launch's q4tp matrices: job tables for one and two tiles a block, the choices the
+    reference's `MmaSet` makes (`mmaset_kind`, `variant`) and the ones measured here on top of
+    them (`choice`)."""
 
     def __init__(self, ctx, list_, kind: int):
         if not list_:
