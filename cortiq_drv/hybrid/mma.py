@@ -102,8 +102,9 @@ def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
     """Whether a one- or two-row call over `items` work items takes hy_mmp_1 rather than hy_mmv
     (the same KS, so the same bits): when hy_mmp_1's grid (`cap_mmp` blocks resident on the card:
     fewer, with 128 registers a thread against hy_mmv's 80 or 64) walks the items in no more
-    rounds than hy_mmv's (`cap_mmv`). H200, `bench_kernels --models 9B,27B --rows 1,2 --variants all`, us at one / two
-    rows, hy_mmp_1 against hy_mmv (session12.md call 4): rounds equal, it wins: 9B o and GDN out
+    rounds than hy_mmv's (`cap_mmv`). H200, `bench_kernels --models 9B,27B --rows 1,2 --variants
+    all`, us at one / two rows, hy_mmp_1 against hy_mmv (session12.md call 4): rounds equal, it
+    wins: 9B o and GDN out
     (128 items, one round each) 6.0 / 6.6 against 6.6 / 7.3, 9B down at two rows 13.8 against
     15.0, 27B attention in (448 items, two rounds each) 18.2 / 20.7 against 20.6 / 26.8, 27B GDN
     in 18.5 / 21.4 against 21.2 / 27.4; a round more, it loses: 9B attention in (320 items: two
@@ -264,6 +265,12 @@ class JobArgs:
         self.addr = ctypes.addressof(self._ptrs)
 
 
+def _copies16(p: Planes, n: int) -> bool:
+    """Whether n rows of planes p take 16-byte copies (hy_mmvs): 16-byte aligned, and past one
+    row a stride of a multiple of 8 elements."""
+    return (p.p0 | p.p1 | p.p2) % 16 == 0 and (n == 1 or p.stride % 8 == 0)
+
+
 class MmaSet:
     """One launch's q4tp matrices: job tables for one and two tiles a block, the choices the
     reference's `MmaSet` makes (`mmaset_kind`, `variant`) and the ones measured here on top of
@@ -297,16 +304,23 @@ class MmaSet:
 
     def choice(self, fx, p: Planes, n: int) -> tuple[int, int, int, bool]:
         """(NT, TB, KS, staged) of `run`'s call: `variant`, and at one or two rows hy_mmvs where
-        `stages_b` rules it (one row), else hy_mmp_1 instead of hy_mmv where `fewer_waves` does."""
+        `stages` says, else hy_mmp_1 instead of hy_mmv where `fewer_waves` does."""
         nt, tb, ks = self.variant(n)
         if nt:
             return nt, tb, ks, False
-        ki = int(ks == 16)
-        if self.pick(fx, p, n, nt, tb, ks)[0] is fx.mmvs[tb - 1][ki]:
+        if self.stages(fx, p, n, tb, ks):
             return nt, tb, ks, True
+        ki = int(ks == 16)
         if fewer_waves(self.blocks[tb - 1], fx.grid_cap[0][tb - 1][ki], fx.grid_cap[1][tb - 1][ki]):
             nt = 1
         return nt, tb, ks, False
+
+    def stages(self, fx, p: Planes, n: int, tb: int, ks: int) -> bool:
+        """Whether a call of `n` rows at (tb, ks) stages its columns (hy_mmvs) by the rules: one
+        row, planes that take 16-byte copies, room for the columns, and `stages_b`."""
+        shape = fx.staged_shape(tb, ks, self.cols, n) if n == 1 and _copies16(p, n) else None
+        return shape is not None and stages_b(self.blocks[tb - 1], self.cols // 32,
+                                              fx.grid_cap[0][tb - 1][int(ks == 16)], shape[1])
 
     def run(self, ctx, fx, p: Planes, cols: int, n: int) -> None:
         """The call's `n` rows of x (as planes) through every matrix (`MmaSet::run`, choosing as
@@ -322,7 +336,7 @@ class MmaSet:
 
     def launch(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None) -> None:
         """Launch variant (nt, tb, ks) over the set (`hy_mmv_{tb}_{ks}` when nt is 0, or
-        `hy_mmvs_{tb}_{ks}` when `staged`, by default as `stages_b` rules for one row; tests and
+        `hy_mmvs_{tb}_{ks}` when `staged`, by default as `stages` rules; tests and
         benchmarks pick variants; the arithmetic depends on `ks` alone)."""
         key = (fx, nt, tb, ks, staged, p, n)
         call = self._calls.get(key)
@@ -340,16 +354,12 @@ class MmaSet:
             raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: only hy_mmv (NT 0) stages its columns")
         ki = int(ks == 16)
         f, smem, cap = fx.mmp[nt][tb - 1][ki], fx.mmp_smem[nt][ki], fx.grid_cap[nt][tb - 1][ki]
-        if nt == 0 and staged is not False:
-            aligned = (p.p0 | p.p1 | p.p2) % 16 == 0 and (n == 1 or p.stride % 8 == 0)
-            shape = fx.staged_shape(tb, ks, self.cols, n) if aligned else None
-            if staged is None:
-                staged = n == 1 and shape is not None and stages_b(self.blocks[tb - 1], self.cols // 32, cap, shape[1])
-            elif shape is None:
+        if nt == 0 and (self.stages(fx, p, n, tb, ks) if staged is None else staged):
+            shape = fx.staged_shape(tb, ks, self.cols, n) if _copies16(p, n) else None
+            if shape is None:
                 raise CortiqError(f"hy_mmvs_{tb}_{ks}: {n} rows {self.cols} wide need 16-byte aligned planes "
                                   f"(a stride of 8) and room for their columns beside the rings")
-            if staged:
-                f, (smem, cap) = fx.mmvs[tb - 1][ki], shape
+            f, (smem, cap) = fx.mmvs[tb - 1][ki], shape
         return f, smem, cap
 
 

@@ -264,10 +264,10 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
                                        const bf16* p2, int xs, int n, int cols) {
     constexpr int NC = 3 * NT;
     static_assert(HY_RUN_STAGES <= HY_STAGES, "hy_mmp_run's rings fit the launch's shared memory");
+    static_assert(HY_WIDE_ROWS >= 3, "the wide path takes two n-tiles or more");
     __shared__ HySmem<NC, TB, KS> sm;
     const int total = hy_items<TB>(jobs, nj, KS * HY_STAGES * HY_STAGE);
     if ((int)blockIdx.x >= total) return;
-    static_assert(HY_WIDE_ROWS >= 3, "the wide path takes two n-tiles or more");
     const int ntc = (3 * n + 7) >> 3;
     // calls of enough rows over enough tiles, planes 16-byte aligned: the wide items (same bits;
     // the choice is the same in every block of a launch)

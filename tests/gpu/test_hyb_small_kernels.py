@@ -108,7 +108,6 @@ def test_gdn_front(ctx, kern, dev, n, kk):
     np.testing.assert_array_equal(got["ring"], p["ring"].reshape(-1))
 
 
-
 @pytest.mark.parametrize("n,kk", [(1, 4), (5, 4), (16, 4), (3, 1)])
 def test_gdn_front_keeps_the_tape(ctx, kern, dev, n, kk):
     """With a tape the front also saves the window's raw rows (first cdim columns, qs apart) and
@@ -130,6 +129,7 @@ def test_gdn_front_keeps_the_tape(ctx, kern, dev, n, kk):
     if kk > 1:
         assert rs.to_host(F32).tobytes() == p["ring"].tobytes()
     np.testing.assert_array_equal(got["ring"], p["ring"].reshape(-1))
+
 
 SCANS = [pytest.param(True, 128, 128, id="scan4"), pytest.param(False, 128, 128, id="scan-dk128"),
          pytest.param(False, 64, 48, id="scan-dk64-dv48")]
