@@ -87,15 +87,27 @@ PDL_KERNELS = (*(mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for k
 # block lost when timed alone (GDN qkv + z 14.1 against 11.6 us, attention q + k + v 15.4
 # against 12.6) and changed the step by nothing measurable.
 STAGE_MIN_GROUPS = 384
+# The same for a two-row call, whose six columns make the B fragments cost twice a one-row
+# call's: staging pays even where it costs blocks. H200, `bench_kernels --models 9B,27B --rows 2
+# --variants all` (session12.md call 4), us staged / not: 9B LM head (30 items of 128 groups a
+# block at the staged grid) 196.0 / 211.5, 27B head (30 of 160) 232.1 / 256.7, 27B gate/up (5 of
+# 160) 40.3 / 41.6; below: 9B gate/up (3 of 128) 26.3 / 24.5, 9B attention in (2 of 128) 16.4 /
+# 12.1, 27B o (1 of 192) 14.1 / 12.5.
+STAGE2_MIN_GROUPS = 512
 
 
-def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int) -> bool:
-    """Whether a one-row call over `items` work items of `gpr` groups each takes hy_mmvs: its
-    bigger shared memory keeps every block the set could use resident (`ring_cap`, `staged_cap`:
-    blocks resident without and with it), and each block walks STAGE_MIN_GROUPS groups or more,
-    over which the copy pays (the 27B shape's down and head lose blocks: they stay on hy_mmv)."""
+def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, n: int) -> bool:
+    """Whether a call of `n` rows (one or two) over `items` work items of `gpr` groups each takes
+    hy_mmvs. One row: its bigger shared memory keeps every block the set could use resident
+    (`ring_cap`, `staged_cap`: blocks resident without and with it), and each block walks
+    STAGE_MIN_GROUPS groups or more, over which the copy pays (the 27B shape's down and head lose
+    blocks: they stay on hy_mmv). Two rows: each block at the staged grid walks
+    STAGE2_MIN_GROUPS groups or more."""
     grid = min(items, staged_cap)
-    return grid >= min(items, ring_cap) and -(-items // grid) * gpr >= STAGE_MIN_GROUPS
+    walked = -(-items // grid) * gpr
+    if n == 2:
+        return walked >= STAGE2_MIN_GROUPS
+    return n == 1 and grid >= min(items, ring_cap) and walked >= STAGE_MIN_GROUPS
 
 
 def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
@@ -316,11 +328,11 @@ class MmaSet:
         return nt, tb, ks, False
 
     def stages(self, fx, p: Planes, n: int, tb: int, ks: int) -> bool:
-        """Whether a call of `n` rows at (tb, ks) stages its columns (hy_mmvs) by the rules: one
-        row, planes that take 16-byte copies, room for the columns, and `stages_b`."""
-        shape = fx.staged_shape(tb, ks, self.cols, n) if n == 1 and _copies16(p, n) else None
+        """Whether a call of `n` rows at (tb, ks) stages its columns (hy_mmvs) by the rules: one or
+        two rows, planes that take 16-byte copies, room for the columns, and `stages_b`."""
+        shape = fx.staged_shape(tb, ks, self.cols, n) if n <= 2 and _copies16(p, n) else None
         return shape is not None and stages_b(self.blocks[tb - 1], self.cols // 32,
-                                              fx.grid_cap[0][tb - 1][int(ks == 16)], shape[1])
+                                              fx.grid_cap[0][tb - 1][int(ks == 16)], shape[1], n)
 
     def run(self, ctx, fx, p: Planes, cols: int, n: int) -> None:
         """The call's `n` rows of x (as planes) through every matrix (`MmaSet::run`, choosing as

@@ -252,11 +252,19 @@ def test_one_row_calls_stage_their_columns_where_it_pays():
     columns 16 bytes mod 128 apart), hy_mmv otherwise; a forced staging that cannot be is refused."""
     import _fakecard
 
-    assert mma.stages_b(128, 384, 264, 132)  # 9B down: one item of 384 groups a block
-    assert mma.stages_b(7760, 128, 396, 396)  # 9B LM head: about 20 items of 128
-    assert not mma.stages_b(768, 128, 396, 396)  # 9B gate/up: two items of 128
-    assert not mma.stages_b(160, 544, 264, 132)  # 27B down: 28 items would wait for a second round
-    assert not mma.stages_b(7760, 160, 396, 264)  # 27B LM head: a block an SM fewer
+    assert mma.stages_b(128, 384, 264, 132, 1)  # 9B down: one item of 384 groups a block
+    assert mma.stages_b(7760, 128, 396, 396, 1)  # 9B LM head: about 20 items of 128
+    assert not mma.stages_b(768, 128, 396, 396, 1)  # 9B gate/up: two items of 128
+    assert not mma.stages_b(160, 544, 264, 132, 1)  # 27B down: 28 items would wait for a second round
+    assert not mma.stages_b(7760, 160, 396, 264, 1)  # 27B LM head: a block an SM fewer
+    # two rows: the groups a block walks at the staged grid alone
+    assert mma.stages_b(7760, 128, 396, 264, 2)  # 9B LM head: 30 items of 128
+    assert mma.stages_b(7760, 160, 396, 264, 2)  # 27B LM head
+    assert mma.stages_b(1088, 160, 396, 264, 2)  # 27B gate/up: 5 items of 160
+    assert not mma.stages_b(768, 128, 396, 264, 2)  # 9B gate/up: 3 items of 128
+    assert not mma.stages_b(320, 128, 396, 264, 2)  # 9B attention in
+    assert not mma.stages_b(160, 192, 264, 132, 2)  # 27B o
+    assert not mma.stages_b(7760, 128, 396, 396, 3)  # three rows: never
     for gpr in (1, 2, 3, 128, 384, 544):
         per = mma.staged_b_bytes(32 * gpr, 1) // 3
         assert per >= 64 * gpr and per % 128 == 16 and per - 64 * gpr < 128
