@@ -12,10 +12,11 @@ ratio to the read bandwidth measured in the same run (a streaming-read kernel), 
 one-row time, and cuBLAS f16 GEMM (ctx.gemm, f16 weights, also rotated) on the same shape. Times
 are medians over --reps replays of a captured graph of back-to-back launches (launch gaps
 included, as in a decode step's graph). `--variants all` times every (TB, KS) choice as well
-(at one and two rows hy_mmv, staged or not where the columns fit, and hy_mmp_1; variant "NT_TB_KS",
-an "s" for hy_mmvs); `--define` compiles the kernels with tuning macros (HY_MV_STAGES,
-HY_RUN_STAGES, HY_WIDE_ROWS, HY_WIDE_MIN, HY_MB_*, HY_MV_MB_*, HY_MVS_MB_*) for a sweep. Only
-hyb.cu's weight-side pieces are compiled (mma.weight_side_source).
+(at one and two rows hy_mmv, staged or not where the columns fit, and hy_mmp_1; at 3..8 rows and
+KS 8 hy_mmr beside hy_mmp_1; variant "NT_TB_KS", an "s" for hy_mmvs, an "r" for hy_mmr);
+`--define` compiles the kernels with tuning macros (HY_MV_STAGES, HY_RUN_STAGES, HY_WIDE_ROWS,
+HY_WIDE_MIN, HY_MB_*, HY_MV_MB_*, HY_MVS_MB_*, HY_MR_MB) for a sweep. Only hyb.cu's weight-side
+pieces are compiled (mma.weight_side_source).
 """
 
 from __future__ import annotations
@@ -188,9 +189,12 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
     p = mma.Planes(planes[0].ptr, planes[1].ptr, planes[2].ptr, cols)
     t1 = None
 
-    def stagings(v, tb, ks, n):
-        """hy_mmv unstaged, and staged too where its columns fit."""
-        return [False] + ([True] if v == 0 and fx.staged_shape(tb, ks, cols, n) else [])
+    def forms(v, tb, ks, n):
+        """(staged, lean): hy_mmv unstaged, and staged too where its columns fit; hy_mmp_1, and
+        hy_mmr too at 3..8 rows and KS 8."""
+        if v == 0:
+            return [(False, False)] + ([(True, False)] if fx.staged_shape(tb, ks, cols, n) else [])
+        return [(False, False)] + ([(False, True)] if v == 1 and ks == 8 and n >= 3 else [])
 
     try:
         for n in a.rows:
@@ -198,7 +202,7 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
             nt = rule[0]
             nts = (0, 1) if n <= 2 else (nt,)  # hy_mmv (and hy_mmvs) beside hy_mmp_1 at one or two rows
             choices = [rule] if a.variants == "rule" else [
-                (v, tb, ks, st) for v in nts for tb in (1, 2) for ks in (8, 16) for st in stagings(v, tb, ks, n)]
+                (v, tb, ks, *f) for v in nts for tb in (1, 2) for ks in (8, 16) for f in forms(v, tb, ks, n)]
             reps_k = -(-GRAPH_CALLS // len(rot.sets))
             for var in choices:
                 calls = [lambda s=s: s.launch(ctx, fx, p, n, *var) for s in rot.sets] * reps_k
@@ -207,7 +211,8 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
                     t1 = us
                 tbps = rot.bytes / us / 1e6
                 line = dict(bench="hy_mmp", model=model, matrix=name, rows=rows, cols=cols, n=n,
-                            variant="%d_%d_%d" % var[:3] + ("s" if var[3] else ""), rule=var == rule, us=round(us, 2),
+                            variant="%d_%d_%d" % var[:3] + ("s" if var[3] else "") + ("r" if var[4] else ""),
+                            rule=var == rule, us=round(us, 2),
                             bytes=rot.bytes, tbps=round(tbps, 3), read_tbps=round(bw, 3),
                             ratio=round(tbps / bw, 3), vs_first_n=round(us / t1, 3) if t1 else None)
                 if var == rule and not a.no_cublas:

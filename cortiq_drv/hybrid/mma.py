@@ -18,6 +18,7 @@ import numpy as np
 from cortiq_drv.cu import Buf
 from cortiq_drv.cu.args import dev_ptr, kargs
 from cortiq_drv.errors import CortiqError
+from cortiq_drv.hybrid.mma_rules import fewer_waves, one_wave, set_rules, stages_b
 
 # Rows of the small path (the reference's NMAX).
 NMAX = 16
@@ -39,6 +40,8 @@ RING_STAGES = 8
 STAGE_BYTES = 1088
 # hy_mmv's shallower ring (HY_MV_STAGES; a sweep compiling another value gives `MmaFuncs` its own).
 MV_STAGES = 4
+# hy_mmp_run's rings in hy_mmp and hy_mmr (HY_RUN_STAGES): hy_mmr's whole dynamic shared memory.
+RUN_STAGES = 4
 # Registers and threads an SM holds (sm_80, sm_90).
 _SM_REGS = 65536
 _SM_THREADS = 2048
@@ -76,53 +79,21 @@ def mmvs_name(tb: int, ks: int) -> str:
     return f"hy_mmvs_{tb}_{ks}"
 
 
+def mmr_name(ntc: int, tb: int) -> str:
+    """hy_mmp_1_{TB}_8's run path alone for calls filling NTC n-tiles."""
+    return f"hy_mmr_{ntc}_{tb}_8"
+
+
+def mmr_ntc(n: int) -> int:
+    """The n-tiles of 8 columns that `n` rows' three planes fill (hy_mmr's NTC)."""
+    return (3 * n + 7) // 8
+
+
 # The weight-side kernels that start with pdl_begin() (kernels/common.cuh), launched as
 # programmatic dependents.
 PDL_KERNELS = (*(mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)),
-               *(mmvs_name(tb, ks) for tb in (1, 2) for ks in (8, 16)), "hy_split", "hy_rmsnorm2")
-
-# Groups each block must walk for a one-row call to stage its columns (`stages_b`). H200, 9B
-# shape: staging the down projection (one item of 384 groups a block) and the LM head (about 20
-# items of 128) made a decode step 2.495 against 2.594 ms (device); sets of 128-256 groups a
-# block lost when timed alone (GDN qkv + z 14.1 against 11.6 us, attention q + k + v 15.4
-# against 12.6) and changed the step by nothing measurable.
-STAGE_MIN_GROUPS = 384
-# The same for a two-row call, whose six columns make the B fragments cost twice a one-row
-# call's: staging pays even where it costs blocks. H200, `bench_kernels --models 9B,27B --rows 2
-# --variants all` (session12.md call 4), us staged / not: 9B LM head (30 items of 128 groups a
-# block at the staged grid) 196.0 / 211.5, 27B head (30 of 160) 232.1 / 256.7, 27B gate/up (5 of
-# 160) 40.3 / 41.6; below: 9B gate/up (3 of 128) 26.3 / 24.5, 9B attention in (2 of 128) 16.4 /
-# 12.1, 27B o (1 of 192) 14.1 / 12.5.
-STAGE2_MIN_GROUPS = 512
-
-
-def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, n: int) -> bool:
-    """Whether a call of `n` rows (one or two) over `items` work items of `gpr` groups each takes
-    hy_mmvs. One row: its bigger shared memory keeps every block the set could use resident
-    (`ring_cap`, `staged_cap`: blocks resident without and with it), and each block walks
-    STAGE_MIN_GROUPS groups or more, over which the copy pays (the 27B shape's down and head lose
-    blocks: they stay on hy_mmv). Two rows: each block at the staged grid walks
-    STAGE2_MIN_GROUPS groups or more."""
-    grid = min(items, staged_cap)
-    walked = -(-items // grid) * gpr
-    if n == 2:
-        return walked >= STAGE2_MIN_GROUPS
-    return n == 1 and grid >= min(items, ring_cap) and walked >= STAGE_MIN_GROUPS
-
-
-def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
-    """Whether a one- or two-row call over `items` work items takes hy_mmp_1 rather than hy_mmv
-    (the same KS, so the same bits): when hy_mmp_1's grid (`cap_mmp` blocks resident on the card:
-    fewer, with 128 registers a thread against hy_mmv's 80 or 64) walks the items in no more
-    rounds than hy_mmv's (`cap_mmv`). H200, `bench_kernels --models 9B,27B --rows 1,2 --variants
-    all`, us at one / two rows, hy_mmp_1 against hy_mmv (session12.md call 4): rounds equal, it
-    wins: 9B o and GDN out
-    (128 items, one round each) 6.0 / 6.6 against 6.6 / 7.3, 9B down at two rows 13.8 against
-    15.0, 27B attention in (448 items, two rounds each) 18.2 / 20.7 against 20.6 / 26.8, 27B GDN
-    in 18.5 / 21.4 against 21.2 / 27.4; a round more, it loses: 9B attention in (320 items: two
-    rounds against one) 14.8 / 16.8 against 10.5 / 12.1, 9B gate/up 22.9 against 21.1, 27B o
-    12.1 against 10.7, 27B down 30.8 against 25.6."""
-    return -(-items // cap_mmp) <= -(-items // cap_mmv)
+               *(mmvs_name(tb, ks) for tb in (1, 2) for ks in (8, 16)),
+               *(mmr_name(ntc, tb) for ntc in (2, 3) for tb in (1, 2)), "hy_split", "hy_rmsnorm2")
 
 
 class MmaFuncs:
@@ -133,7 +104,8 @@ class MmaFuncs:
     HY_MV_STAGES), and `grid_cap`, the blocks each variant keeps resident on the whole card (its
     grid walks the work items, so a launch never needs more), and `mmvs[TB - 1][KS == 16]`,
     `hy_mmvs_{TB}_{KS}` (hy_mmv with its columns staged: its shared memory and blocks by
-    `staged_shape`). PDL_KERNELS are marked `pdl`."""
+    `staged_shape`), and `mmr[NTC - 2][TB - 1]`, `hy_mmr_{NTC}_{TB}_8` (`mmr_smem`, `mmr_cap`).
+    PDL_KERNELS are marked `pdl`."""
 
     def __init__(self, ctx, module, mv_stages: int = MV_STAGES):
         # the card's limits, kept here: launches may go through a wrapper of the context (KtCtx)
@@ -152,6 +124,12 @@ class MmaFuncs:
         self.mmvs_shape: dict = {}
         for f in (f for row in self.mmvs for f in row):
             f.allow_smem(self.smem_optin - f.attr("SHARED_SIZE_BYTES"))
+        self.mmr = [[module.func(mmr_name(ntc, tb)) for tb in (1, 2)] for ntc in (2, 3)]
+        self.mmr_smem = ring_bytes(8, RUN_STAGES)
+        for f in (f for row in self.mmr for f in row):
+            f.allow_smem(self.mmr_smem)
+        self.mmr_cap = [[blocks_per_sm(self.smem_optin, f, 256, self.mmr_smem) * self.sm_count for f in row]
+                        for row in self.mmr]
         self.split = module.func("hy_split")
         self.rmsnorm2 = module.func("hy_rmsnorm2")
         self.repack = module.func("hy_repack")
@@ -216,29 +194,6 @@ def job_table(list_, kind: int, tb: int) -> tuple[np.ndarray, int]:
         ntile = -(-s.rows // 16)
         blk += -(-ntile // tb)
     return jobs, blk
-
-
-# Rows of a set from which its tiles are split over 8 warps, not 16 (`set_rules`).
-KS16_ROWS = 10240
-
-
-def set_rules(rows: list[int]) -> tuple[bool, bool]:
-    """(ks16, tb1) of a launch over matrices of these row counts (`mmaset_kind_`): ks16: 16 warps
-    a tile (KS 16) while the set has fewer than KS16_ROWS rows in all, 8 from there. The
-    reference's 3090 rule takes the largest matrix, under 16 384 rows; on the H200 at one row
-    (`bench_kernels --models 9B --rows 1 --variants all`) KS 16 wins on the 9B down (11.96 against
-    14.55 us, staged) and o (6.59 against 7.93 us) and on q alone (8192 rows: 9.59 against
-    10.28 us), KS 8 on the attention q + k + v set of 10 240 rows (10.55 against 12.69 us; at 16
-    rows 74.9 against 67.8 us) and on the GDN qkv + z set of 12 288 (11.57 against 15.81 us;
-    earlier at 16 rows 79 against 68 us): one-row decode is the common call. tb1: one tile a
-    block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes the arithmetic, and
-    it depends on the matrices alone.
-
-    The reference's third rule, tb1_n1 (one tile a block for one-row calls of 12 288 rows or
-    more, against a launch's tail), is not kept: hy_mmp's grid walks its work items, so there is
-    no tail to save, and on the H200 TB 1 lost at one row (9B gate/up 55.0 against 45.5 us, head
-    473 against 372 us)."""
-    return sum(rows) < KS16_ROWS, max(rows) <= 2048
 
 
 def variant(n: int, ks16: bool, tb1: bool) -> tuple[int, int, int]:
@@ -306,26 +261,31 @@ class MmaSet:
         self.jobs = [t for t, _ in tables]
         self.blocks = [b for _, b in tables]
         self._hyjobs = [jobs_block(t) for t in self.jobs]
-        self.ks16, self.tb1 = set_rules([s.rows for s in list_])
-        self._calls = {}  # (fx, nt, tb, ks, staged, planes, n): ctx.launch's arguments
+        self.rows = [s.rows for s in list_]
+        self.ks16, self.tb1 = set_rules(self.rows)
+        self._calls = {}  # (fx, nt, tb, ks, staged, lean, planes, n): ctx.launch's arguments
         self._choices = {}  # (fx, planes, n): `choice`
 
     def variant(self, n: int) -> tuple[int, int, int]:
         """(NT, TB, KS) of a call with `n` rows (`MmaSet::run`'s choice)."""
         return variant(n, self.ks16, self.tb1)
 
-    def choice(self, fx, p: Planes, n: int) -> tuple[int, int, int, bool]:
-        """(NT, TB, KS, staged) of `run`'s call: `variant`, and at one or two rows hy_mmvs where
-        `stages` says, else hy_mmp_1 instead of hy_mmv where `fewer_waves` does."""
+    def choice(self, fx, p: Planes, n: int) -> tuple[int, int, int, bool, bool]:
+        """(NT, TB, KS, staged, lean) of `run`'s call: `variant`; at one or two rows hy_mmvs where
+        `stages` says, else hy_mmp_1 instead of hy_mmv where `fewer_waves` does; at 3..8 rows and
+        KS 8, hy_mmr (lean) where `one_wave` says (the rules: mma_rules)."""
         nt, tb, ks = self.variant(n)
+        if nt == 1 and ks == 8:
+            lean = one_wave(self.blocks[tb - 1], fx.grid_cap[1][tb - 1][0], fx.mmr_cap[mmr_ntc(n) - 2][tb - 1])
+            return nt, tb, ks, False, lean
         if nt:
-            return nt, tb, ks, False
+            return nt, tb, ks, False, False
         if self.stages(fx, p, n, tb, ks):
-            return nt, tb, ks, True
+            return nt, tb, ks, True, False
         ki = int(ks == 16)
         if fewer_waves(self.blocks[tb - 1], fx.grid_cap[0][tb - 1][ki], fx.grid_cap[1][tb - 1][ki]):
             nt = 1
-        return nt, tb, ks, False
+        return nt, tb, ks, False, False
 
     def stages(self, fx, p: Planes, n: int, tb: int, ks: int) -> bool:
         """Whether a call of `n` rows at (tb, ks) stages its columns (hy_mmvs) by the rules: one or
@@ -346,24 +306,31 @@ class MmaSet:
             how = self._choices[key] = self.choice(fx, p, n)
         self.launch(ctx, fx, p, n, *how)
 
-    def launch(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None) -> None:
+    def launch(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None,
+               lean: bool = False) -> None:
         """Launch variant (nt, tb, ks) over the set (`hy_mmv_{tb}_{ks}` when nt is 0, or
-        `hy_mmvs_{tb}_{ks}` when `staged`, by default as `stages` rules; tests and
-        benchmarks pick variants; the arithmetic depends on `ks` alone)."""
-        key = (fx, nt, tb, ks, staged, p, n)
+        `hy_mmvs_{tb}_{ks}` when `staged`, by default as `stages` rules; `hy_mmr_{NTC}_{tb}_8`
+        when `lean`; tests and benchmarks pick variants; the arithmetic depends on `ks` alone)."""
+        key = (fx, nt, tb, ks, staged, lean, p, n)
         call = self._calls.get(key)
         if call is None:
-            f, smem, cap = self.pick(fx, p, n, nt, tb, ks, staged)
+            f, smem, cap = self.pick(fx, p, n, nt, tb, ks, staged, lean)
             args = JobArgs(self._hyjobs[tb - 1], len(self.jobs[tb - 1]), p, n, self.cols)
             call = self._calls[key] = (f, (min(self.blocks[tb - 1], cap), 1), 32 * ks, smem, args)
         ctx.launch(*call)
 
-    def pick(self, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None):
+    def pick(self, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None,
+             lean: bool = False):
         """(kernel, dynamic shared memory, most blocks worth launching) of `launch`'s call."""
         if n > rows_cap(nt):
             raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: at most {rows_cap(nt)} rows, got {n}")
         if staged and nt:
             raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: only hy_mmv (NT 0) stages its columns")
+        if lean:
+            if nt != 1 or ks != 8 or n < 3:
+                raise CortiqError(f"hy_mmr: calls of 3..8 rows at KS 8 (NT 1), not {n} rows of {nt}_{tb}_{ks}")
+            c = mmr_ntc(n)
+            return fx.mmr[c - 2][tb - 1], fx.mmr_smem, fx.mmr_cap[c - 2][tb - 1]
         ki = int(ks == 16)
         f, smem, cap = fx.mmp[nt][tb - 1][ki], fx.mmp_smem[nt][ki], fx.grid_cap[nt][tb - 1][ki]
         if nt == 0 and (self.stages(fx, p, n, tb, ks) if staged is None else staged):

@@ -332,6 +332,24 @@ __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0
     hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, SB>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
 }
 
+// hy_mmr_{NTC}_{TB}_8: hy_mmp_1_{TB}_8's hy_mmp_run alone, for calls that fill NTC n-tiles (2:
+//   3..5 rows, 3: 6..8) over sets whose items its grid takes at once and hy_mmp_1's does not
+//   (mma_rules.one_wave; such sets never take the wide path): the same sums, so the same bits as
+//   every KS 8 call. Its rings take HY_RUN_STAGES stages of dynamic shared memory
+//   (hy_mmp's launch reserves HY_STAGES, the wide path's) and its registers are capped for
+//   HY_MR_MB blocks an SM (hy_mmp_1_{TB}_8: two). Launch: block 256 threads, dynamic shared
+//   memory 8 HY_RUN_STAGES HY_STAGE bytes (traps when given less); traps when the call does not
+//   fill NTC n-tiles. Assumptions as hy_mmp.
+template <int NTC, int TB>
+__device__ __forceinline__ void hy_mmr(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
+                                       const bf16* p2, int xs, int n, int cols) {
+    __shared__ HySmem<3, TB, 8> sm;
+    if (((3 * n + 7) >> 3) != NTC) asm volatile("trap;");
+    const int total = hy_items<TB>(jobs, nj, 8 * HY_RUN_STAGES * HY_STAGE);
+    if ((int)blockIdx.x >= total) return;
+    hy_mmp_run<3, NTC, TB, 8, HY_RUN_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
+}
+
 // Blocks an SM should fit of each (NT, KS), of hy_mmv's KS and of hy_mmvs' (whose staged columns
 // leave room for fewer: the 9B down's 165 KB one at KS 16, where hy_mmvs_2_16 takes 92 registers
 // without a spill, against 64 and 4 bytes under hy_mmv's cap of two): caps the registers (ptxas
@@ -359,6 +377,10 @@ __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0
 #endif
 #ifndef HY_MVS_MB_16
 #define HY_MVS_MB_16 1
+#endif
+// and of hy_mmr's (80 registers: spills of 108 bytes at NTC 2, 216 at NTC 3, TB 2; ptxas -v)
+#ifndef HY_MR_MB
+#define HY_MR_MB 3
 #endif
 
 #define HY_MMP(NT, TB, KS)                                                                              \
@@ -390,3 +412,14 @@ HY_MMV(hy_mmvs, true, HY_MVS_MB_8, 1, 8)
 HY_MMV(hy_mmvs, true, HY_MVS_MB_16, 1, 16)
 HY_MMV(hy_mmvs, true, HY_MVS_MB_8, 2, 8)
 HY_MMV(hy_mmvs, true, HY_MVS_MB_16, 2, 16)
+
+#define HY_MMR(NTC, TB)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, HY_MR_MB) hy_mmr_##NTC##_##TB##_8(                  \
+        const __grid_constant__ HyJobs jt, int nj, const bf16* p0, const bf16* p1, const bf16* p2, int xs, int n, \
+        int cols) {                                                                                     \
+        hy_mmr<NTC, TB>(jt.j, nj, p0, p1, p2, xs, n, cols);                                             \
+    }
+HY_MMR(2, 1)
+HY_MMR(2, 2)
+HY_MMR(3, 1)
+HY_MMR(3, 2)

@@ -197,7 +197,8 @@ def test_pair_epilogue(ctx, fx, store, bufs, var):
 @pytest.mark.parametrize("ks", [8, 16])
 @pytest.mark.parametrize("cols", [1056, 4096])
 def test_rows_bit_for_bit_in_any_call(ctx, fx, store, bufs, ks, cols):
-    """Row i of an n-row call (any NT, TB, position in the call) == the row in a one-row call."""
+    """Row i of an n-row call (any NT, TB, form, position in the call) == the row in a one-row
+    call."""
     rng = np.random.default_rng(ks + cols)
     (ma, _), _ = two_mats(store, cols, rng)
     y = Buf.new(ctx, 16 * 40 * 4)
@@ -206,14 +207,18 @@ def test_rows_bit_for_bit_in_any_call(ctx, fx, store, bufs, ks, cols):
     x = rng.standard_normal((16, cols)).astype(np.float32)
     one = np.stack([launch(ctx, fx, ms, planes(ctx, x[i:i + 1], bufs), 1, (1, 1, ks), y)[:40]
                     for i in range(16)])
-    for nt, tb, st in [(0, 1, False), (0, 2, False), (0, 1, True), (0, 2, True), (1, 1, False), (1, 2, False),
-                       (2, 1, False), (2, 2, False)]:
+    forms = [(0, 1, False, False), (0, 2, False, False), (0, 1, True, False), (0, 2, True, False),
+             (1, 1, False, False), (1, 2, False, False), (2, 1, False, False), (2, 2, False, False)]
+    # hy_mmr: KS 8, 3..8 rows
+    forms += [(1, 1, False, True), (1, 2, False, True)] if ks == 8 else []
+    for nt, tb, st, lean in forms:
         for n in [1, 2, 3, 5, 8, 9, 13, 16]:
-            if n > mma.rows_cap(nt):
+            if n > mma.rows_cap(nt) or (lean and n < 3):
                 continue
-            got = launch(ctx, fx, ms, planes(ctx, x[:n], bufs), n, (nt, tb, ks, st), y).reshape(16, 40)
-            assert got[:n].tobytes() == one[:n].tobytes(), f"{nt}_{tb}_{ks} staged={st} n={n}"
-            rev = launch(ctx, fx, ms, planes(ctx, x[:n][::-1].copy(), bufs), n, (nt, tb, ks, st), y)
+            var = (nt, tb, ks, st, lean)
+            got = launch(ctx, fx, ms, planes(ctx, x[:n], bufs), n, var, y).reshape(16, 40)
+            assert got[:n].tobytes() == one[:n].tobytes(), f"{nt}_{tb}_{ks} staged={st} lean={lean} n={n}"
+            rev = launch(ctx, fx, ms, planes(ctx, x[:n][::-1].copy(), bufs), n, var, y)
             assert rev.reshape(16, 40)[:n][::-1].tobytes() == one[:n].tobytes(), f"reversed n={n}"
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from cortiq_drv.cmf import q4tp
 from cortiq_drv.errors import CortiqError
-from cortiq_drv.hybrid import mma
+from cortiq_drv.hybrid import mma, mma_rules
 from cortiq_drv.hybrid.repack import pair_map, planes_bytes, repack_q4tp, repack_rows
 from cortiq_drv.hybrid.repack import random_q4tp as payload
 
@@ -121,19 +121,19 @@ def test_job_table_bytes():
 
 def test_mmaset_rules():
     # K/V alone: short, KS 16, one tile a block
-    assert mma.set_rules([1024, 1024]) == (True, True)
+    assert mma_rules.set_rules([1024, 1024]) == (True, True)
     # a 9B gate/up pair: KS 8, two tiles a block
-    assert mma.set_rules([24576]) == (False, False)
-    assert mma.set_rules([8192]) == (True, False)
+    assert mma_rules.set_rules([24576]) == (False, False)
+    assert mma_rules.set_rules([8192]) == (True, False)
     # the rows of the whole set count: a 9B attention q + k + v (exactly at the edge) and its GDN
     # qkv + z set (the plan's: a and b are f32, hy_gdn_front's) go to KS 8
-    assert mma.set_rules([8192, 1024, 1024]) == (False, False)
-    assert mma.set_rules([8192, 1024, 1023]) == (True, False)
-    assert mma.set_rules([8192, 4096]) == (False, False)
-    assert mma.set_rules([8192, 4096, 32, 32]) == (False, False)
-    assert mma.set_rules([10239]) == (True, False)
-    assert mma.set_rules([10240]) == (False, False)
-    assert mma.set_rules([2048, 2049]) == (True, False)
+    assert mma_rules.set_rules([8192, 1024, 1024]) == (False, False)
+    assert mma_rules.set_rules([8192, 1024, 1023]) == (True, False)
+    assert mma_rules.set_rules([8192, 4096]) == (False, False)
+    assert mma_rules.set_rules([8192, 4096, 32, 32]) == (False, False)
+    assert mma_rules.set_rules([10239]) == (True, False)
+    assert mma_rules.set_rules([10240]) == (False, False)
+    assert mma_rules.set_rules([2048, 2049]) == (True, False)
     assert mma.variant(1, True, False) == (0, 2, 16)
     assert mma.variant(2, False, True) == (0, 1, 8)
     assert mma.variant(3, True, False) == (1, 2, 16)
@@ -157,6 +157,7 @@ def test_every_mmp_variant_is_an_entry_point():
         pytest.skip(f"NVRTC cannot be loaded: {e}")
     names = [f"hy_mmp_{nt}_{tb}_{ks}" for nt in (1, 2) for tb in (1, 2) for ks in (8, 16)]
     names += [f"hy_mmv{s}_{tb}_{ks}" for s in ("", "s") for tb in (1, 2) for ks in (8, 16)]
+    names += [mma.mmr_name(ntc, tb) for ntc in (2, 3) for tb in (1, 2)]
     for name in names + ["hy_repack", "hy_split", "hy_rmsnorm2"]:
         assert name.encode() + b"\0" in cubin, name
 
@@ -187,17 +188,21 @@ def test_job_args_carry_the_table_by_value():
 
 def test_mmp_launches_take_their_variants_ring():
     """Each variant launches with its ring's dynamic shared memory: HY_STAGES stages of HY_STAGE
-    bytes a warp for hy_mmp, HY_MV_STAGES for hy_mmv (the kernels' values), or the depth a sweep
-    compiled hy_mmv with when MmaFuncs is given one."""
+    bytes a warp for hy_mmp, HY_MV_STAGES for hy_mmv, HY_RUN_STAGES for hy_mmr (the kernels'
+    values), or the depth a sweep compiled hy_mmv with when MmaFuncs is given one; the wide
+    path's constants are the kernel's."""
     import re
 
     import _fakecard
     from cortiq_drv.kernels import source
 
     core = source("hyb_mmp_core.cuh")
-    stages, mv, stage = (int(re.search(rf"#define {name} (\d+)", core).group(1))
-                         for name in ("HY_STAGES", "HY_MV_STAGES", "HY_STAGE"))
-    assert (mma.RING_STAGES, mma.MV_STAGES, mma.STAGE_BYTES) == (stages, mv, stage)
+
+    def macro(text, name):
+        return int(re.search(rf"#define {name} (\d+)", text).group(1))
+
+    stages, mv, run, stage = (macro(core, k) for k in ("HY_STAGES", "HY_MV_STAGES", "HY_RUN_STAGES", "HY_STAGE"))
+    assert (mma.RING_STAGES, mma.MV_STAGES, mma.RUN_STAGES, mma.STAGE_BYTES) == (stages, mv, run, stage)
 
     class SmemCtx(_fakecard.FakeCtx):
         def launch(self, f, grid, block, smem, args):
@@ -217,6 +222,15 @@ def test_mmp_launches_take_their_variants_ring():
     for nt, tb, ks in variants:
         ms.launch(ctx, swept, p, 1, nt, tb, ks)
     assert [s for _, _, s in ctx.launches] == [ks * (6 if nt == 0 else stages) * stage for nt, tb, ks in variants]
+    ctx.launches.clear()
+    for n in (3, 5, 6, 8):
+        for tb in (1, 2):
+            ms.launch(ctx, fx, p, n, 1, tb, 8, lean=True)
+    assert ctx.launches == [(f"hy_mmr_{(3 * n + 7) // 8}_{tb}_8", 256, 8 * run * stage)
+                            for n in (3, 5, 6, 8) for tb in (1, 2)]
+    for n, var in ((2, (0, 2, 8)), (4, (1, 2, 16)), (9, (2, 2, 8))):
+        with pytest.raises(CortiqError, match="hy_mmr"):
+            ms.launch(ctx, fx, p, n, *var, lean=True)
 
 
 def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds():
@@ -225,12 +239,12 @@ def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds():
     set's TB and KS kept, staging first."""
     import _fakecard
 
-    assert mma.fewer_waves(128, 264, 132)  # 9B o, GDN out, down: one round each
-    assert mma.fewer_waves(448, 396, 264)  # 27B attention in: two rounds each
-    assert mma.fewer_waves(516, 396, 264)  # 27B GDN in
-    assert not mma.fewer_waves(320, 396, 264)  # 9B attention in: two rounds against one
-    assert not mma.fewer_waves(768, 396, 264)  # 9B gate/up: three against two
-    assert not mma.fewer_waves(160, 264, 132)  # 27B o, down
+    assert mma_rules.fewer_waves(128, 264, 132)  # 9B o, GDN out, down: one round each
+    assert mma_rules.fewer_waves(448, 396, 264)  # 27B attention in: two rounds each
+    assert mma_rules.fewer_waves(516, 396, 264)  # 27B GDN in
+    assert not mma_rules.fewer_waves(320, 396, 264)  # 9B attention in: two rounds against one
+    assert not mma_rules.fewer_waves(768, 396, 264)  # 9B gate/up: three against two
+    assert not mma_rules.fewer_waves(160, 264, 132)  # 27B o, down
 
     class Wide(_Mat):
         cols = 4096
@@ -241,9 +255,43 @@ def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds():
     rounds = {ki: (fx.grid_cap[0][1][ki], fx.grid_cap[1][1][ki]) for ki in (0, 1)}
     for rows, ks in ((4096, 16), (14336, 8), (24576, 8)):
         ms = mma.MmaSet(ctx, [mma.JobSpec(Wide(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
-        nt = int(mma.fewer_waves(ms.blocks[1], *rounds[int(ks == 16)]))
-        assert [ms.choice(fx, p, n) for n in (1, 2, 3, 9)] == [(nt, 2, ks, False)] * 2 + [(1, 2, ks, False),
-                                                                                       (2, 2, ks, False)]
+        nt = int(mma_rules.fewer_waves(ms.blocks[1], *rounds[int(ks == 16)]))
+        assert [ms.choice(fx, p, n) for n in (1, 2, 9)] == [(nt, 2, ks, False, False)] * 2 + [
+            (2, 2, ks, False, False)]
+
+
+def test_multi_row_calls_at_ks8_take_hy_mmr_where_its_grid_takes_them_in_one_wave():
+    """one_wave on the shapes it was measured on (132 SMs; hy_mmp_1 / hy_mmr blocks resident at KS
+    8: 264 / 396), and `choice` on a fake card at 3..8 rows: hy_mmr for the KS 8 sets whose items
+    its grid takes at once and hy_mmp_1's does not, hy_mmp_1 for the others; 9 rows and more:
+    hy_mmp_2."""
+    import _fakecard
+
+    assert mma_rules.one_wave(320, 264, 396)  # 9B attention in: one round against two
+    assert mma_rules.one_wave(384, 264, 396)  # 9B GDN in
+    assert not mma_rules.one_wave(448, 264, 396)  # 27B attention in: two rounds each
+    assert not mma_rules.one_wave(512, 264, 396)  # 27B GDN in
+    assert not mma_rules.one_wave(768, 264, 396)  # 9B gate/up at 3 rows: three against two
+    assert not mma_rules.one_wave(7760, 264, 396)  # the heads
+    assert not mma_rules.one_wave(256, 264, 396)  # one round each
+
+    class Wide(_Mat):
+        cols = 4096
+
+    ctx = _fakecard.FakeCtx()
+    fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
+    p = mma.Planes(0x10000, 0x20000, 0x30000, 4096)
+    cap_mmp = fx.grid_cap[1][1][0]
+    assert [fx.mmr_cap[c][1] for c in (0, 1)] == [fx.mmr_cap[0][1]] * 2 and fx.mmr_cap[0][1] > cap_mmp
+    for items in (cap_mmp - 8, cap_mmp + 8, fx.mmr_cap[0][1], fx.mmr_cap[0][1] + 8):
+        rows = 32 * items
+        ms = mma.MmaSet(ctx, [mma.JobSpec(Wide(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
+        assert ms.variant(3) == (1, 2, 8) and ms.blocks[1] == items
+        lean = cap_mmp < items <= fx.mmr_cap[0][1]
+        assert [ms.choice(fx, p, n) for n in (3, 5, 6, 8)] == [(1, 2, 8, False, lean)] * 4, items
+        assert ms.choice(fx, p, 9) == (2, 2, 8, False, False)
+    small = mma.MmaSet(ctx, [mma.JobSpec(Wide(4096, 0x1000), 0xA000, 0, 4096, 4096)], mma.KIND_Q4TP)
+    assert small.choice(fx, p, 4) == (1, 2, 16, False, False)  # KS 16: no hy_mmr
 
 
 def test_one_row_calls_stage_their_columns_where_it_pays():
@@ -252,19 +300,19 @@ def test_one_row_calls_stage_their_columns_where_it_pays():
     columns 16 bytes mod 128 apart), hy_mmv otherwise; a forced staging that cannot be is refused."""
     import _fakecard
 
-    assert mma.stages_b(128, 384, 264, 132, 1)  # 9B down: one item of 384 groups a block
-    assert mma.stages_b(7760, 128, 396, 396, 1)  # 9B LM head: about 20 items of 128
-    assert not mma.stages_b(768, 128, 396, 396, 1)  # 9B gate/up: two items of 128
-    assert not mma.stages_b(160, 544, 264, 132, 1)  # 27B down: 28 items would wait for a second round
-    assert not mma.stages_b(7760, 160, 396, 264, 1)  # 27B LM head: a block an SM fewer
+    assert mma_rules.stages_b(128, 384, 264, 132, 1)  # 9B down: one item of 384 groups a block
+    assert mma_rules.stages_b(7760, 128, 396, 396, 1)  # 9B LM head: about 20 items of 128
+    assert not mma_rules.stages_b(768, 128, 396, 396, 1)  # 9B gate/up: two items of 128
+    assert not mma_rules.stages_b(160, 544, 264, 132, 1)  # 27B down: 28 items would wait for a second round
+    assert not mma_rules.stages_b(7760, 160, 396, 264, 1)  # 27B LM head: a block an SM fewer
     # two rows: the groups a block walks at the staged grid alone
-    assert mma.stages_b(7760, 128, 396, 264, 2)  # 9B LM head: 30 items of 128
-    assert mma.stages_b(7760, 160, 396, 264, 2)  # 27B LM head
-    assert mma.stages_b(1088, 160, 396, 264, 2)  # 27B gate/up: 5 items of 160
-    assert not mma.stages_b(768, 128, 396, 264, 2)  # 9B gate/up: 3 items of 128
-    assert not mma.stages_b(320, 128, 396, 264, 2)  # 9B attention in
-    assert not mma.stages_b(160, 192, 264, 132, 2)  # 27B o
-    assert not mma.stages_b(7760, 128, 396, 396, 3)  # three rows: never
+    assert mma_rules.stages_b(7760, 128, 396, 264, 2)  # 9B LM head: 30 items of 128
+    assert mma_rules.stages_b(7760, 160, 396, 264, 2)  # 27B LM head
+    assert mma_rules.stages_b(1088, 160, 396, 264, 2)  # 27B gate/up: 5 items of 160
+    assert not mma_rules.stages_b(768, 128, 396, 264, 2)  # 9B gate/up: 3 items of 128
+    assert not mma_rules.stages_b(320, 128, 396, 264, 2)  # 9B attention in
+    assert not mma_rules.stages_b(160, 192, 264, 132, 2)  # 27B o
+    assert not mma_rules.stages_b(7760, 128, 396, 396, 3)  # three rows: never
     for gpr in (1, 2, 3, 128, 384, 544):
         per = mma.staged_b_bytes(32 * gpr, 1) // 3
         assert per >= 64 * gpr and per % 128 == 16 and per - 64 * gpr < 128

@@ -53,6 +53,7 @@ def test_wait_comes_before_any_global_access(entries):
     # plain loads (the weight stages, the ladders)
     matvecs = {mma.mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)}
     matvecs |= {mma.mmvs_name(tb, ks) for tb in (1, 2) for ks in (8, 16)}
+    matvecs |= {mma.mmr_name(ntc, tb) for ntc in (2, 3) for tb in (1, 2)}
     # the attention kernels read their call record's fields from L2 first (att_record), nothing
     # else: hy_scores n0, rb, ncap, nbcap; hy_values those and far; hy_finish n0, rb, nbcap, far
     record = {"hy_scores": 4, "hy_values": 5, "hy_finish": 4}

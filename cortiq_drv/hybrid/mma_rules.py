@@ -1,0 +1,92 @@
+"""The measured rules by which a set of q4tp matrices (`mma.MmaSet`) picks its launches: the
+reference's `mmaset_kind_` rules (`set_rules`: KS and TB of a set), and the choices made here on
+top of them for one- and two-row calls (`stages_b`: columns staged in shared memory; `fewer_waves`:
+hy_mmp_1 for hy_mmv) and for 3..8-row calls (`one_wave`: hy_mmr for hy_mmp_1). Only `set_rules`'
+KS changes a row's bits; every other choice runs the same sums. Each rule gives the H200
+measurements it rests on.
+"""
+
+from __future__ import annotations
+
+# Rows of a set from which its tiles are split over 8 warps, not 16 (`set_rules`).
+KS16_ROWS = 10240
+
+
+def set_rules(rows: list[int]) -> tuple[bool, bool]:
+    """(ks16, tb1) of a launch over matrices of these row counts (`mmaset_kind_`): ks16: 16 warps
+    a tile (KS 16) while the set has fewer than KS16_ROWS rows in all, 8 from there. The
+    reference's 3090 rule takes the largest matrix, under 16 384 rows; on the H200 at one row
+    (`bench_kernels --models 9B --rows 1 --variants all`) KS 16 wins on the 9B down (11.96 against
+    14.55 us, staged) and o (6.59 against 7.93 us) and on q alone (8192 rows: 9.59 against
+    10.28 us), KS 8 on the attention q + k + v set of 10 240 rows (10.55 against 12.69 us; at 16
+    rows 74.9 against 67.8 us) and on the GDN qkv + z set of 12 288 (11.57 against 15.81 us;
+    earlier at 16 rows 79 against 68 us): one-row decode is the common call. tb1: one tile a
+    block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes the arithmetic, and
+    it depends on the matrices alone.
+
+    The reference's third rule, tb1_n1 (one tile a block for one-row calls of 12 288 rows or
+    more, against a launch's tail), is not kept: hy_mmp's grid walks its work items, so there is
+    no tail to save, and on the H200 TB 1 lost at one row (9B gate/up 55.0 against 45.5 us, head
+    473 against 372 us)."""
+    return sum(rows) < KS16_ROWS, max(rows) <= 2048
+
+
+# Groups each block must walk for a one-row call to stage its columns (`stages_b`). H200, 9B
+# shape: staging the down projection (one item of 384 groups a block) and the LM head (about 20
+# items of 128) made a decode step 2.495 against 2.594 ms (device); sets of 128-256 groups a
+# block lost when timed alone (GDN qkv + z 14.1 against 11.6 us, attention q + k + v 15.4
+# against 12.6) and changed the step by nothing measurable.
+STAGE_MIN_GROUPS = 384
+# The same for a two-row call, whose six columns make the B fragments cost twice a one-row
+# call's: staging pays even where it costs blocks. H200, `bench_kernels --models 9B,27B --rows 2
+# --variants all` (session12.md call 4), us staged / not: 9B LM head (30 items of 128 groups a
+# block at the staged grid) 196.0 / 211.5, 27B head (30 of 160) 232.1 / 256.7, 27B gate/up (5 of
+# 160) 40.3 / 41.6; below: 9B gate/up (3 of 128) 26.3 / 24.5, 9B attention in (2 of 128) 16.4 /
+# 12.1, 27B o (1 of 192) 14.1 / 12.5.
+STAGE2_MIN_GROUPS = 512
+
+
+def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, n: int) -> bool:
+    """Whether a call of `n` rows (one or two) over `items` work items of `gpr` groups each takes
+    hy_mmvs. One row: its bigger shared memory keeps every block the set could use resident
+    (`ring_cap`, `staged_cap`: blocks resident without and with it), and each block walks
+    STAGE_MIN_GROUPS groups or more, over which the copy pays (the 27B shape's down and head lose
+    blocks: they stay on hy_mmv). Two rows: each block at the staged grid walks
+    STAGE2_MIN_GROUPS groups or more."""
+    grid = min(items, staged_cap)
+    walked = -(-items // grid) * gpr
+    if n == 2:
+        return walked >= STAGE2_MIN_GROUPS
+    return n == 1 and grid >= min(items, ring_cap) and walked >= STAGE_MIN_GROUPS
+
+
+def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
+    """Whether a one- or two-row call over `items` work items takes hy_mmp_1 rather than hy_mmv
+    (the same KS, so the same bits): when hy_mmp_1's grid (`cap_mmp` blocks resident on the card:
+    fewer, with 128 registers a thread against hy_mmv's 80 or 64) walks the items in no more
+    rounds than hy_mmv's (`cap_mmv`). H200, `bench_kernels --models 9B,27B --rows 1,2 --variants
+    all`, us at one / two rows, hy_mmp_1 against hy_mmv (session12.md call 4): rounds equal, it
+    wins: 9B o and GDN out
+    (128 items, one round each) 6.0 / 6.6 against 6.6 / 7.3, 9B down at two rows 13.8 against
+    15.0, 27B attention in (448 items, two rounds each) 18.2 / 20.7 against 20.6 / 26.8, 27B GDN
+    in 18.5 / 21.4 against 21.2 / 27.4; a round more, it loses: 9B attention in (320 items: two
+    rounds against one) 14.8 / 16.8 against 10.5 / 12.1, 9B gate/up 22.9 against 21.1, 27B o
+    12.1 against 10.7, 27B down 30.8 against 25.6."""
+    return -(-items // cap_mmp) <= -(-items // cap_mmv)
+
+
+def one_wave(items: int, cap_mmp: int, cap_mmr: int) -> bool:
+    """Whether a 3..8-row call at KS 8 over `items` work items takes hy_mmr rather than hy_mmp_1
+    (the same run path and sums, with 4-stage rings and 80 registers a thread for three blocks an
+    SM against hy_mmp_1's two): when hy_mmr's grid (`cap_mmr` blocks resident on the card) takes
+    every item at once and hy_mmp_1's (`cap_mmp`) does not. Such a set never takes hy_mmp_1's wide
+    path, which wants items for twice its grid. H200, `bench_kernels --models 9B,27B --rows
+    2,3,4,6,8 --variants all` (session13.md call 2), us at 3 / 4 / 6 / 8 rows, hy_mmr against
+    hy_mmp_1: one round against two, it wins: 9B attention in (320 items) 19.0 / 21.6 / 32.2 /
+    34.8 against 23.7 / 26.8 / 35.6 / 39.1, 9B GDN in (384) 20.3 / 23.0 / 34.2 / 36.9 against
+    24.0 / 27.3 / 36.0 / 39.6; two rounds each, it loses: 27B attention in (448) 41.6 / 45.5 /
+    65.5 / 71.1 against 29.5 / 33.8 / 44.4 / 48.6, 27B GDN in (512) 44.6 / 50.6 / 75.6 / 81.3
+    against 29.8 / 34.2 / 44.9 / 49.1; many rounds, within 6% either way: 9B gate/up at 3 rows
+    39.1 against 37.1, 27B gate/up 69.1 against 72.1, the heads 358.5 against 338.2 (9B) and
+    439.2 against 412.8 (27B)."""
+    return cap_mmp < items <= cap_mmr
