@@ -1,7 +1,8 @@
 """The tensor-core matvec of the small path: job tables (`HyJob`), `MmaSet` (`mmaset`,
 `mmaset_pair`; the reference's `mmaset_kind` is its constructor), `Planes`, `split`,
 `MmaSet.run`, `rows_matvec` (ports of cuda_hybrid.rs; `RowsMatvec` keeps its buffers between
-calls), and `MmaFuncs`, the kernels of hyb.cu they launch.
+calls), and `MmaFuncs`, the kernels of hyb.cu they launch. The measured rules a set's launches
+are chosen by live in mma_rules.
 
 Arithmetic contract (kernels/hyb_mma.cuh): a row's outputs are the same bits whatever number of
 rows the call carries and whichever of the TB variants runs; only KS (warps splitting a tile's
@@ -261,8 +262,7 @@ class MmaSet:
         self.jobs = [t for t, _ in tables]
         self.blocks = [b for _, b in tables]
         self._hyjobs = [jobs_block(t) for t in self.jobs]
-        self.rows = [s.rows for s in list_]
-        self.ks16, self.tb1 = set_rules(self.rows)
+        self.ks16, self.tb1 = set_rules([s.rows for s in list_])
         self._calls = {}  # (fx, nt, tb, ks, staged, lean, planes, n): ctx.launch's arguments
         self._choices = {}  # (fx, planes, n): `choice`
 
