@@ -194,7 +194,7 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
         hy_mmr too at 3..8 rows and KS 8."""
         if v == 0:
             return [(False, False)] + ([(True, False)] if fx.staged_shape(tb, ks, cols, n) else [])
-        return [(False, False)] + ([(False, True)] if v == 1 and ks == 8 and n >= 3 else [])
+        return [(False, False)] + ([(False, True)] if mma.mmr_fits(v, ks, n) else [])
 
     try:
         for n in a.rows:

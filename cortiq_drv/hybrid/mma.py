@@ -86,8 +86,13 @@ def mmr_name(ntc: int, tb: int) -> str:
 
 
 def mmr_ntc(n: int) -> int:
-    """The n-tiles of 8 columns that `n` rows' three planes fill (hy_mmr's NTC)."""
+    """The n-tiles of 8 columns that `n` rows' three planes fill (hy_ntc; hy_mmr's NTC)."""
     return (3 * n + 7) // 8
+
+
+def mmr_fits(nt: int, ks: int, n: int) -> bool:
+    """Whether hy_mmr can run a call of variant (nt, *, ks) with `n` rows: 3..8 rows at KS 8."""
+    return nt == 1 and ks == 8 and n >= 3
 
 
 # The weight-side kernels that start with pdl_begin() (kernels/common.cuh), launched as
@@ -275,7 +280,7 @@ class MmaSet:
         `stages` says, else hy_mmp_1 instead of hy_mmv where `fewer_waves` does; at 3..8 rows and
         KS 8, hy_mmr (lean) where `one_wave` says (the rules: mma_rules)."""
         nt, tb, ks = self.variant(n)
-        if nt == 1 and ks == 8:
+        if mmr_fits(nt, ks, n):
             lean = one_wave(self.blocks[tb - 1], fx.grid_cap[1][tb - 1][0], fx.mmr_cap[mmr_ntc(n) - 2][tb - 1])
             return nt, tb, ks, False, lean
         if nt:
@@ -327,7 +332,7 @@ class MmaSet:
         if staged and nt:
             raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: only hy_mmv (NT 0) stages its columns")
         if lean:
-            if nt != 1 or ks != 8 or n < 3:
+            if not mmr_fits(nt, ks, n):
                 raise CortiqError(f"hy_mmr: calls of 3..8 rows at KS 8 (NT 1), not {n} rows of {nt}_{tb}_{ks}")
             c = mmr_ntc(n)
             return fx.mmr[c - 2][tb - 1], fx.mmr_smem, fx.mmr_cap[c - 2][tb - 1]

@@ -18,6 +18,9 @@
 #ifndef HY_WIDE_ROWS
 #define HY_WIDE_ROWS 4
 #endif
+// The n-tiles of 8 B columns a call of n rows fills (three plane columns a row): ceil(3 n / 8).
+__device__ __forceinline__ int hy_ntc(int n) { return (3 * n + 7) >> 3; }
+
 // Items of a job of `rows` rows at `per` tiles an item: ceil(ceil(rows / 16) / per).
 __device__ __forceinline__ int hy_job_items(int rows, int per) { return (((rows + 15) >> 4) + per - 1) / per; }
 
@@ -268,7 +271,7 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
     __shared__ HySmem<NC, TB, KS> sm;
     const int total = hy_items<TB>(jobs, nj, KS * HY_STAGES * HY_STAGE);
     if ((int)blockIdx.x >= total) return;
-    const int ntc = (3 * n + 7) >> 3;
+    const int ntc = hy_ntc(n);
     // calls of enough rows over enough tiles, planes 16-byte aligned: the wide items (same bits;
     // the choice is the same in every block of a launch)
     const bool al = ((xs & 7) | (int)(((size_t)p0 | (size_t)p1 | (size_t)p2) & 15)) == 0;
@@ -344,7 +347,7 @@ template <int NTC, int TB>
 __device__ __forceinline__ void hy_mmr(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                        const bf16* p2, int xs, int n, int cols) {
     __shared__ HySmem<3, TB, 8> sm;
-    if (((3 * n + 7) >> 3) != NTC) asm volatile("trap;");
+    if (hy_ntc(n) != NTC) asm volatile("trap;");
     const int total = hy_items<TB>(jobs, nj, 8 * HY_RUN_STAGES * HY_STAGE);
     if ((int)blockIdx.x >= total) return;
     hy_mmp_run<3, NTC, TB, 8, HY_RUN_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
