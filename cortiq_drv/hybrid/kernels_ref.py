@@ -32,6 +32,15 @@ def put3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return hi, mid, lo
 
 
+def plane_cols(cols: int) -> np.ndarray:
+    """Where each of a row's first `cols` columns is stored in the planes (`hy_pcol`,
+    kernels/hyb_mma.cuh): within each group of 32, column 8 a + 2 t + e at 8 t + 2 a + e (a
+    partial last group spreads over the whole group's room). Stored rows s hold the rows
+    s[:, plane_cols(cols)]; rows x are stored by s[:, plane_cols(cols)] = x."""
+    c = np.arange(cols)
+    return (c & ~31) | ((c >> 1) & 3) << 3 | ((c >> 3) & 3) << 1 | (c & 1)
+
+
 def gdn_front(qkv: np.ndarray, ring: np.ndarray, taps: np.ndarray, xn: np.ndarray, aw: np.ndarray,
               bw: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray, nk: int, dk: int):
     """`hy_gdn_front`: qkv [n, cdim] raw rows after ring [kk-1, cdim] -> (cq [n, cdim], gb [n, 2nv]).

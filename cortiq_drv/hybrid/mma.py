@@ -57,7 +57,7 @@ def staged_b_bytes(cols: int, n: int) -> int:
     """hy_mmv's staged B (kernels/hyb_mmp_core.cuh, hy_mmp_run with SB) after the rings: the
     call's 3 n plane columns, hy_sb_stride(cols / 32) bytes apart."""
     gpr = cols // 32
-    return 3 * n * (gpr * 64 + ((16 - gpr * 64) & 127))
+    return 3 * n * (gpr * 64 + ((64 - gpr * 64) & 127))
 
 
 def blocks_per_sm(smem_optin: int, f, threads: int, dyn_smem: int) -> int:
@@ -169,7 +169,8 @@ def weight_side_source() -> str:
 @dataclass(frozen=True)
 class Planes:
     """The row planes a tensor-core launch reads: three bf16 parts of each f32 (`put3`), `stride`
-    elements a row. A gate/up pair's output is read as `Planes(hi, lo, lo, stride)`."""
+    elements a row, each row's columns in fragment order (kernels/hyb_mma.cuh, `plane_cols`). A
+    gate/up pair's output is read as `Planes(hi, lo, lo, stride)`."""
 
     p0: int
     p1: int
@@ -238,10 +239,14 @@ class JobArgs:
         self.addr = ctypes.addressof(self._ptrs)
 
 
-def _copies16(p: Planes, n: int) -> bool:
-    """Whether n rows of planes p take 16-byte copies (hy_mmvs): 16-byte aligned, and past one
-    row a stride of a multiple of 8 elements."""
-    return (p.p0 | p.p1 | p.p2) % 16 == 0 and (n == 1 or p.stride % 8 == 0)
+def check_planes(p: Planes, n: int, cols: int, what: str) -> None:
+    """The planes a launch reads or writes `cols` columns of, in `n` rows: 16-byte aligned, whole
+    groups of 32 columns (their fragment order), past one row a stride of a multiple of 8
+    elements (every lane's B fragments are one 16-byte load) that holds the columns."""
+    if (p.p0 | p.p1 | p.p2) % 16 or cols % 32 or (n > 1 and (p.stride % 8 or cols > p.stride)):
+        raise CortiqError(f"{what}: planes at {p.p0:#x}, {p.p1:#x}, {p.p2:#x}, stride {p.stride}, for {n} rows of "
+                          f"{cols} columns: 16-byte aligned planes, columns in whole groups of 32, and past one row a "
+                          f"stride of a multiple of 8 that holds them")
 
 
 class MmaSet:
@@ -294,17 +299,16 @@ class MmaSet:
 
     def stages(self, fx, p: Planes, n: int, tb: int, ks: int) -> bool:
         """Whether a call of `n` rows at (tb, ks) stages its columns (hy_mmvs) by the rules: one or
-        two rows, planes that take 16-byte copies, room for the columns, and `stages_b`."""
-        shape = fx.staged_shape(tb, ks, self.cols, n) if n <= 2 and _copies16(p, n) else None
+        two rows, room for the columns, and `stages_b`."""
+        shape = fx.staged_shape(tb, ks, self.cols, n) if n <= 2 else None
         return shape is not None and stages_b(self.blocks[tb - 1], self.cols // 32,
                                               fx.grid_cap[0][tb - 1][int(ks == 16)], shape[1], n)
 
     def run(self, ctx, fx, p: Planes, cols: int, n: int) -> None:
         """The call's `n` rows of x (as planes) through every matrix (`MmaSet::run`, choosing as
         `choice` does)."""
-        if cols != self.cols or p.stride % 2:
-            raise CortiqError(f"hy_mmp: planes {cols} wide (stride {p.stride}) for matrices "
-                              f"{self.cols} wide (an even stride)")
+        if cols != self.cols:
+            raise CortiqError(f"hy_mmp: planes {cols} wide for matrices {self.cols} wide")
         key = (fx, p, n)
         how = self._choices.get(key)
         if how is None:
@@ -327,6 +331,7 @@ class MmaSet:
     def pick(self, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None,
              lean: bool = False):
         """(kernel, dynamic shared memory, most blocks worth launching) of `launch`'s call."""
+        check_planes(p, n, self.cols, "hy_mmp")
         if n > rows_cap(nt):
             raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: at most {rows_cap(nt)} rows, got {n}")
         if staged and nt:
@@ -339,10 +344,10 @@ class MmaSet:
         ki = int(ks == 16)
         f, smem, cap = fx.mmp[nt][tb - 1][ki], fx.mmp_smem[nt][ki], fx.grid_cap[nt][tb - 1][ki]
         if nt == 0 and (self.stages(fx, p, n, tb, ks) if staged is None else staged):
-            shape = fx.staged_shape(tb, ks, self.cols, n) if _copies16(p, n) else None
+            shape = fx.staged_shape(tb, ks, self.cols, n)
             if shape is None:
-                raise CortiqError(f"hy_mmvs_{tb}_{ks}: {n} rows {self.cols} wide need 16-byte aligned planes "
-                                  f"(a stride of 8) and room for their columns beside the rings")
+                raise CortiqError(f"hy_mmvs_{tb}_{ks}: {n} rows {self.cols} wide need room for their columns "
+                                  f"beside the rings")
             f, (smem, cap) = fx.mmvs[tb - 1][ki], shape
         return f, smem, cap
 
@@ -360,16 +365,15 @@ def mmaset_pair(ctx, m, p0, p1, pstride: int) -> MmaSet:
 
 def split(ctx, fx, p: Planes, x, xstride: int, cols: int, n: int) -> None:
     """x [n][xstride] f32, its first `cols` columns, into the planes (`split`)."""
+    check_planes(p, n, cols, "split")
     args = kargs("QiiQQQii", x, xstride, cols, p.p0, p.p1, p.p2, p.stride, n)
     ctx.launch(fx.split, (-(-(n * cols) // 256), 1), 256, 0, args)
 
 
 def rmsnorm2(ctx, fx, x, w, xf, hidden: int, eps: float, gemma: bool, p: Planes, n: int) -> None:
     """Rows x [n][hidden] f32 RMS-normalised by w [hidden] (`1 + w` when `gemma`) into the planes
-    and, when `xf` is given, into xf [n][hidden] f32 (`hy_rmsnorm2`, which takes rows of whole
-    float4s)."""
-    if hidden % 4 or p.stride % 4:
-        raise CortiqError(f"rmsnorm2: hidden {hidden} and plane stride {p.stride} must be multiples of 4")
+    and, when `xf` is given, into xf [n][hidden] f32 (`hy_rmsnorm2`: whole groups of 32 columns)."""
+    check_planes(p, n, hidden, "rmsnorm2")
     args = kargs("QQQifiQQQi", x, w, xf, hidden, eps, int(gemma), p.p0, p.p1, p.p2, p.stride)
     ctx.launch(fx.rmsnorm2, (-(-hidden // 1024), n), 256, 0, args)
 

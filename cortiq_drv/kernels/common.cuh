@@ -142,6 +142,14 @@ __device__ __forceinline__ void ldsm4(u32* r, u32 addr) {
 }
 __device__ __forceinline__ void ldsm4(u32* r, const void* p) { ldsm4(r, (u32)__cvta_generic_to_shared(p)); }
 
+// Four words from shared memory at a shared-window address (16-byte aligned).
+__device__ __forceinline__ void lds128(u32* r, u32 addr) {
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
 // ldsm4 transposed: register i gets matrix i's column lane >> 2, rows 2 (lane & 3) and the next.
 __device__ __forceinline__ void ldsm4t(u32* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"

@@ -328,7 +328,7 @@ extern "C" __global__ void hy_finish(const float* P, const float* E, const float
     if (d < HD) {
         float y = num / den;
         if (gate) y = y * sigmoidf_(gv);
-        put3(p0, p1, p2, (size_t)r * ps + h * HD + d, y);
+        put3(p0, p1, p2, (size_t)r * ps, h * HD + d, y);
     }
 }
 

@@ -293,7 +293,7 @@ __device__ __forceinline__ void gdn_norm_put(float x, float ms, float zz, float 
                                              int ps) {
     const float y = x / sqrtf(ms + eps) * wn * (sig ? sigmoidf_(zz) : siluf_(zz));
     of[(size_t)r * nv * dv + h * dv + j] = y;
-    put3(p0, p1, p2, (size_t)r * ps + h * dv + j, y);
+    put3(p0, p1, p2, (size_t)r * ps, h * dv + j, y);
 }
 
 // hy_gdn_out32: gated RMSNorm of one head of one row into f32 and the matvec planes.

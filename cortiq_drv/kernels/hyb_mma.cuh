@@ -16,6 +16,12 @@
 //
 // Planes: x [n][stride] f32 as three bf16 planes p0, p1, p2 (put3: hi = bf16(x), mid =
 // bf16(x - hi), lo = bf16(x - hi - mid)); hi + mid + lo == x except below bf16's normal range.
+// A row's columns are stored in fragment order (hy_pcol): within each group of 32, column
+// 8 a + 2 t + e (a, t < 4, e < 2) at 8 t + 2 a + e, so the four column pairs an mma's B fragment
+// takes from a group for lane (gid, t) (2 t + 8 a: b0, b1 of k-step 0, then of k-step 1) are its
+// 16 bytes at 16 t: one 16-byte load a lane and n-tile, where the columns' natural order needs
+// four 4-byte loads, each touching eight lines. The layout asks a stride of a multiple of 8 and
+// 16-byte aligned planes; a row's width is a multiple of 32 (the matvec's cols).
 
 // A row's rung of code c: exp2(lo + c * step), with no contraction (lo + c * step rounded as the
 // host's float32 arithmetic rounds it).
@@ -44,10 +50,16 @@ __device__ __forceinline__ void hy_split3(float y, bf16& hi, bf16& mid, bf16& lo
     lo = f32_to_bf16(r - bf16_to_f32(mid));
 }
 
-// One f32 into the three planes at element i.
-__device__ __forceinline__ void put3(bf16* p0, bf16* p1, bf16* p2, size_t i, float y) {
+// Where a row's column c is stored in its planes (fragment order, above).
+__device__ __forceinline__ int hy_pcol(int c) {
+    return (c & ~31) | ((c >> 1) & 3) << 3 | ((c >> 3) & 3) << 1 | (c & 1);
+}
+
+// One f32 into the three planes as column c of the row that starts at element `row`.
+__device__ __forceinline__ void put3(bf16* p0, bf16* p1, bf16* p2, size_t row, int c, float y) {
     bf16 hi, mid, lo;
     hy_split3(y, hi, mid, lo);
+    const size_t i = row + hy_pcol(c);
     p0[i] = hi;
     p1[i] = mid;
     p2[i] = lo;
@@ -147,16 +159,17 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
     const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= (size_t)n * cols) return;
     const int r = (int)(k / cols), c = (int)(k % cols);
-    put3(p0, p1, p2, (size_t)r * os + c, x[(size_t)r * xs + c]);
+    put3(p0, p1, p2, (size_t)r * os, c, x[(size_t)r * xs + c]);
 }
 
 // hy_rmsnorm2: row r = blockIdx.y of x [n][hidden] f32 normalised,
 //   y = x / sqrt(mean(x^2) + eps) * (gemma ? 1 + w : w), w [hidden] f32,
 // written to the planes p0, p1, p2 [n][ps] bf16 (put3) and, when xf != 0, to xf [n][hidden] f32.
-// Grid (ceil(hidden / 1024), n), block 256; hidden % 4 == 0 and ps % 4 == 0 (16-byte rows of x
-// and xf, 8-byte ones of the planes). Each block sums the whole row: thread t over the float4s
-// t, t + 256, ... (up to eight of them loaded before any is added), the four lanes of each in
-// order, then warp butterflies, then warps in order: the same sum in every block, row and call.
+// Grid (ceil(hidden / 1024), n), block 256; hidden % 32 == 0 (16-byte rows of x and xf, whole
+// groups of the planes' fragment order) and, past one row, ps % 8 == 0. Each block sums the
+// whole row: thread t over the float4s t, t + 256, ... (up to eight of them loaded before any is
+// added), the four lanes of each in order, then warp butterflies, then warps in order: the same
+// sum in every block, row and call.
 // Thread t of block bx writes columns 4q .. 4q + 3, q = 256 bx + t, from the float4 it loaded.
 extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf, int hidden, float eps, int gemma,
                                        bf16* p0, bf16* p1, bf16* p2, int ps) {
@@ -194,7 +207,7 @@ extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf
     if (gemma) wv = make_float4(1.0f + wv.x, 1.0f + wv.y, 1.0f + wv.z, 1.0f + wv.w);
     const float4 y = make_float4(mine.x / den * wv.x, mine.y / den * wv.y, mine.z / den * wv.z, mine.w / den * wv.w);
     if (xf) ((float4*)(xf + (size_t)r * hidden))[q] = y;
-    // put3 of the four values, each plane's four in one 8-byte store
+    // put3 of the four values: each plane's two column pairs in 4-byte stores at their places
     const float yv[4] = {y.x, y.y, y.z, y.w};
     u32 h[2], m[2], l[2];
 #pragma unroll
@@ -206,8 +219,11 @@ extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf
         m[e >> 1] = pack2(mb[0], mb[1]);
         l[e >> 1] = pack2(lb[0], lb[1]);
     }
-    const size_t at = (size_t)r * ps + 4 * (size_t)q;
-    *(uint2*)(p0 + at) = make_uint2(h[0], h[1]);
-    *(uint2*)(p1 + at) = make_uint2(m[0], m[1]);
-    *(uint2*)(p2 + at) = make_uint2(l[0], l[1]);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const size_t at = (size_t)r * ps + hy_pcol(4 * q + 2 * e);
+        *(u32*)(p0 + at) = h[e];
+        *(u32*)(p1 + at) = m[e];
+        *(u32*)(p2 + at) = l[e];
+    }
 }

@@ -40,11 +40,10 @@ __device__ __forceinline__ int hy_wide_items(const HyJob* jobs, int nj) {
 // beside four stages (KS 16), else per group from the lane's two rows' ladders (KS 8); both are
 // lad_store's expression. The block streams stages of HY_WG groups through one ring
 // (cp.async, one barrier a stage): the tiles' weight units and codes, and the groups' B fragments
-// (NTC n-tiles of 8 columns x 64 bytes, 16-byte chunks swizzled against bank conflicts), each B
-// fragment loaded once a block and read by every tile's warp with ldmatrix. Dynamic shared
+// (NTC n-tiles of 8 columns x 64 bytes, lane l's 16 bytes at 16 l), each B fragment loaded once
+// a block and read by every tile's warp with one 16-byte load a lane. Dynamic shared
 // memory (ring_bytes(KS)): out [HY_WT][16][8 NC] f32, the rung table if any, then the stages; one
 // more stage in the block's static tables `xs_` (hy_mmp_run's, idle here) where it fits.
-// Assumes 16-byte aligned planes and xs % 8 == 0 (hy_mmp checks).
 template <int NC, int NTC, int KS, int XB>
 __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                             const bf16* p2, int xs, int n, int cols, int total,
@@ -73,9 +72,6 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gid = lane >> 2, tig = lane & 3;
     const int tw = w % T, j0 = (w / T) * JA;
     const u32 k_mask = 0x000F000Fu, k_magic = 0x43004300u, k_one = 0x3F803F80u, k_m136 = 0xC308C308u;
-    // this lane's ldmatrix row: matrix lane >> 3 (columns 8 (lane >> 3) of the group), row lane & 7
-    const int lr = lane & 7;
-    const u32 ldoff = (u32)((lr * 4 + ((lane >> 3) ^ ((lr >> 1) & 3))) * 16);
     // per copy slot k = tid + it TH of a stage: its source at stage 0 and, packed, its destination
     // in the stage (bits 0-15), its group within the stage (bits 16-23; the source steps G groups
     // a stage) and whether it copies (bit 31)
@@ -113,12 +109,11 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
                 cpk[it] = (u32)(WB + (t * G + g2) * 16) | (u32)g2 << 16 | (t < nvt ? 1u << 31 : 0u);
             } else {
                 // B chunk: n-tile j's column r (hy_bcol's q = 8 j + r), 16-byte chunk cc of the
-                // group
+                // group: lane l = 4 r + cc's fragments (planes in fragment order), at l 16
                 const int kk = k - (WB + CB) / 16, g2 = kk / (NTC * 32), j = (kk / 32) % NTC, l = kk % 32;
                 const int r = l >> 2, cc = l & 3;
                 csrc[it] = (const unsigned char*)(hy_bcol(p0, p1, p2, xs, n, 8 * j + r) + g2 * 32 + cc * 8);
-                cpk[it] = (u32)(WB + CB + (g2 * NTC + j) * 512 + (r * 4 + (cc ^ ((r >> 1) & 3))) * 16) |
-                          (u32)g2 << 16 | (k < NCH ? 1u << 31 : 0u);
+                cpk[it] = (u32)(WB + CB + (g2 * NTC + j) * 512 + l * 16) | (u32)g2 << 16 | (k < NCH ? 1u << 31 : 0u);
             }
         }
     };
@@ -200,7 +195,7 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
                 for (int j = 0; j < JA; ++j) {
                     if (C > 1 && j0 + j >= NTC) break;
                     u32 b[4];
-                    ldsm4(b, slot + WB + CB + (u32)((g2 * NTC + j0 + j) * 512) + ldoff);
+                    lds128(b, slot + WB + CB + (u32)((g2 * NTC + j0 + j) * 512 + lane * 16));
                     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     hy_mma(s, a[0], a[1], a[2], a[3], b[0], b[1]);
                     hy_mma(s, a[4], a[5], a[6], a[7], b[2], b[3]);
@@ -222,12 +217,15 @@ __device__ __forceinline__ void hy_mmp_wide(const HyJob* jobs, int nj, const bf1
 }
 
 // The work items of a job table for TB tiles a block (hy_mmp's "Work"), after checking that the
-// launch gave the rings their `ring` bytes of dynamic shared memory (a trap when it did not).
+// launch gave the rings their `ring` bytes of dynamic shared memory and planes that take 16-byte
+// loads (16-byte aligned and, past one row, xs % 8 == 0): a trap when not.
 template <int TB>
-__device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring) {
+__device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring, const bf16* p0, const bf16* p1,
+                                        const bf16* p2, int xs, int n) {
     u32 dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if (dyn < (u32)ring) asm volatile("trap;");
+    if ((((size_t)p0 | (size_t)p1 | (size_t)p2) & 15) || (n > 1 && (xs & 7))) asm volatile("trap;");
     const HyJob& last = jobs[nj - 1];
     return last.blk0 + hy_job_items(last.rows, TB);
 }
@@ -250,18 +248,18 @@ __device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring) {
 //   [w gpr / KS, (w + 1) gpr / KS) of the item's tiles and streams them through its own ring of
 //   HY_RUN_STAGES stages (cp.async), a stage being four (tile, group) units of 256 weight bytes + 16
 //   code bytes: both tiles of two groups (TB 2) or four groups of the tile (TB 1); each group's B
-//   fragments are loaded (__ldg) while the group before it computes (up to 3 n-tiles). The next
-//   item's first stages and ladders are fetched while this one's sums are reduced. Calls of
-//   HY_WIDE_ROWS rows or more over at least HY_WIDE_MIN items of HY_WT tiles (and half the
-//   grid), planes 16-byte aligned with xs % 8 == 0, run hy_mmp_wide instead: the same sums in
-//   the same order (so the same bits), the B fragments staged once a block.
+//   fragments are loaded (__ldg, 16 bytes a lane and n-tile: the planes' fragment order) while
+//   the group before it computes (up to 3 n-tiles). The next item's first stages and ladders are
+//   fetched while this one's sums are reduced. Calls of HY_WIDE_ROWS rows or more over at least
+//   HY_WIDE_MIN items of HY_WT tiles (and half the grid) run hy_mmp_wide instead: the same sums
+//   in the same order (so the same bits), the B fragments staged once a block.
 //   PDL (common.cuh): hy_mmp_run fetches the first item's weight stages and makes its rung table
 //   before pdl_begin() (weights, codes and ladders are written only by hy_repack and uploads,
 //   which their callers sync after), all else after it; hy_mmp_wide, whose stages carry
 //   activations, waits first.
 //   Launch: block 32 * KS threads, dynamic shared memory KS * HY_STAGES * HY_STAGE bytes (traps
-//   when given less). Assumes n <= 8 NT, cols % 32 == 0, xs even, 4-byte aligned planes, 16-byte
-//   aligned tiles and codes (mat_planes aligns them to 256).
+//   when given less, or given planes not 16-byte aligned or, past one row, xs % 8 != 0). Assumes
+//   n <= 8 NT, cols % 32 == 0, 16-byte aligned tiles and codes (mat_planes aligns them to 256).
 template <int NT, int TB, int KS>
 __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                        const bf16* p2, int xs, int n, int cols) {
@@ -269,13 +267,12 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
     static_assert(HY_RUN_STAGES <= HY_STAGES, "hy_mmp_run's rings fit the launch's shared memory");
     static_assert(HY_WIDE_ROWS >= 3, "the wide path takes two n-tiles or more");
     __shared__ HySmem<NC, TB, KS> sm;
-    const int total = hy_items<TB>(jobs, nj, KS * HY_STAGES * HY_STAGE);
+    const int total = hy_items<TB>(jobs, nj, KS * HY_STAGES * HY_STAGE, p0, p1, p2, xs, n);
     if ((int)blockIdx.x >= total) return;
     const int ntc = hy_ntc(n);
-    // calls of enough rows over enough tiles, planes 16-byte aligned: the wide items (same bits;
-    // the choice is the same in every block of a launch)
-    const bool al = ((xs & 7) | (int)(((size_t)p0 | (size_t)p1 | (size_t)p2) & 15)) == 0;
-    const int witems = n >= HY_WIDE_ROWS && al ? hy_wide_items(jobs, nj) : 0;
+    // calls of enough rows over enough tiles: the wide items (same bits; the choice is the same in
+    // every block of a launch)
+    const int witems = n >= HY_WIDE_ROWS ? hy_wide_items(jobs, nj) : 0;
     if (witems >= HY_WIDE_MIN && 2 * witems >= (int)gridDim.x) {
         constexpr int XB = (int)sizeof(HySmem<NC, TB, KS>) & ~15;
         unsigned char* xsm = (unsigned char*)&sm;
@@ -317,20 +314,17 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
 // hy_mmvs_{TB}_{KS}: hy_mmv_{TB}_{KS} with the call's B staged (SB, see hy_mmp_run): each warp
 //   first copies its groups of the 3 n plane columns into shared memory after the rings (sm_90:
 //   one bulk copy a column on the warp's mbarrier, so it does not wait for the weight stages in
-//   flight; sm_80: cp.async), then reads them there with ldmatrix rather than from L2 a group
-//   ahead (the same values, so the same bits). For blocks that walk many groups (a long K, or
-//   many items a block), where that latency is not hidden. Launch as hy_mmv with 3 n
-//   hy_sb_stride(cols / 32) more bytes of dynamic shared memory (traps when given less, or given
-//   planes not 16-byte aligned or, at two rows, xs % 8 != 0).
+//   flight; sm_80: cp.async), then reads them there rather than from L2 a group ahead (the same
+//   values, so the same bits). For blocks that walk many groups (a long K, or many items a
+//   block), where that latency is not hidden. Launch as hy_mmv with 3 n hy_sb_stride(cols / 32)
+//   more bytes of dynamic shared memory (traps when given less).
 template <int TB, int KS, bool SB>
 __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                        const bf16* p2, int xs, int n, int cols) {
     __shared__ HySmem<3, TB, KS> sm;
     if (n > 2) asm volatile("trap;");
-    // the staged copies move 16 bytes at a time
-    if (SB && ((((size_t)p0 | (size_t)p1 | (size_t)p2) & 15) || (n > 1 && (xs & 7)))) asm volatile("trap;");
     const int sb = SB ? 3 * n * hy_sb_stride(cols >> 5) : 0;
-    const int total = hy_items<TB>(jobs, nj, KS * HY_MV_STAGES * HY_STAGE + sb);
+    const int total = hy_items<TB>(jobs, nj, KS * HY_MV_STAGES * HY_STAGE + sb, p0, p1, p2, xs, n);
     if ((int)blockIdx.x >= total) return;
     hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, SB>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
 }
@@ -348,7 +342,7 @@ __device__ __forceinline__ void hy_mmr(const HyJob* jobs, int nj, const bf16* p0
                                        const bf16* p2, int xs, int n, int cols) {
     __shared__ HySmem<3, TB, 8> sm;
     if (hy_ntc(n) != NTC) asm volatile("trap;");
-    const int total = hy_items<TB>(jobs, nj, 8 * HY_RUN_STAGES * HY_STAGE);
+    const int total = hy_items<TB>(jobs, nj, 8 * HY_RUN_STAGES * HY_STAGE, p0, p1, p2, xs, n);
     if ((int)blockIdx.x >= total) return;
     hy_mmp_run<3, NTC, TB, 8, HY_RUN_STAGES>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
 }

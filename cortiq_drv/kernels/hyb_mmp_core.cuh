@@ -47,8 +47,9 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
             const float u = (out_s[t][i + 8][3 * r] + out_s[t][i + 8][3 * r + 1]) + out_s[t][i + 8][3 * r + 2];
             const float a = siluf_(v) * u;
             const bf16 hi = f32_to_bf16(a);
-            ((bf16*)jb.y)[(size_t)r * jb.ystride + o] = hi;
-            ((bf16*)jb.res)[(size_t)r * jb.ystride + o] = f32_to_bf16((a - bf16_to_f32(hi)) * 0.5f);
+            const size_t at = (size_t)r * jb.ystride + hy_pcol(o);
+            ((bf16*)jb.y)[at] = hi;
+            ((bf16*)jb.res)[at] = f32_to_bf16((a - bf16_to_f32(hi)) * 0.5f);
         } else {
             const int row = (tile0 + t) * 16 + i;
             if (row >= jb.rows) continue;
@@ -82,30 +83,31 @@ struct HySmem {
     unsigned long long mbar[KS];
 };
 
-// A group's B fragments of each n-tile (k-step 0: b0, b1; k-step 1: b0, b1), from this lane's
-// column pointers advanced to the group (see hy_mmp_run); none when !ok.
+// A group's B fragments of each n-tile (k-step 0: b0, b1; k-step 1: b0, b1): this lane's 16
+// bytes of the group in its column (planes in fragment order, hyb_mma.cuh), from its column
+// pointers advanced to the group (see hy_mmp_run); none when !ok.
 template <int NTC>
-__device__ __forceinline__ void hy_ldb(u32 (*b)[4], const u32* const* bq, int off, bool ok) {
+__device__ __forceinline__ void hy_ldb(u32 (*b)[4], const uint4* const* bq, int gr, bool ok) {
 #pragma unroll
     for (int j = 0; j < NTC; ++j) {
         if (ok) {
-            const u32* src = bq[j] + off;
-            b[j][0] = __ldg(src), b[j][1] = __ldg(src + 4), b[j][2] = __ldg(src + 8), b[j][3] = __ldg(src + 12);
+            const uint4 v = __ldg(bq[j] + 4 * gr);
+            b[j][0] = v.x, b[j][1] = v.y, b[j][2] = v.z, b[j][3] = v.w;
         }
     }
 }
 
 // Bytes between two columns of hy_mmv's staged B (hy_mmp_run with SB): a column's 64 bytes a
-// group, then 16 or 80 more, so each column starts 16 bytes (mod 128) after the one before it and
-// the 8 rows an ldmatrix reads (columns 0..7 of a group's k-octet) fall in distinct banks.
-__device__ __forceinline__ int hy_sb_stride(int gpr) { return gpr * 64 + ((16 - gpr * 64) & 127); }
+// group, then 0 or 64 more, so each column starts 64 bytes (mod 128) after the one before it and
+// the two columns a quarter warp's 16-byte loads read (lanes 8 i .. 8 i + 7: columns 2 i, 2 i + 1)
+// fall in distinct banks.
+__device__ __forceinline__ int hy_sb_stride(int gpr) { return gpr * 64 + ((64 - gpr * 64) & 127); }
 
 // hy_mmp's work for calls whose columns fill NTC n-tiles (NTC = ceil(3 n / 8)), each warp's ring
 // S stages deep; see hy_mmp. The sums and their order depend on KS alone. With SB (one n-tile):
 // each warp first stages its own groups of the call's 3 n columns after the warps' rings (column
-// c at c hy_sb_stride(gpr)) and reads each group's B fragments there with ldmatrix instead of
-// from L2 (the same values, so the same sums); planes 16-byte aligned and, at two rows, xs % 8
-// == 0 (hy_mmvs checks).
+// c at c hy_sb_stride(gpr)) and reads each group's B fragments there instead of from L2 (the
+// same values, so the same sums).
 template <int NC, int NTC, int TB, int KS, int S, bool SB = false>
 __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                            const bf16* p2, int xs, int n, int cols, int total,
@@ -125,16 +127,17 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     const u32 ring = (u32)__cvta_generic_to_shared(hy_ring) + w * S * STAGE;
     const unsigned char* ringp = hy_ring + w * S * STAGE;
     const u32 k_mask = 0x000F000Fu, k_magic = 0x43004300u, k_one = 0x3F803F80u, k_m136 = 0xC308C308u;
-    // this lane's B column in each n-tile (hy_bcol's q = 8 j + gid), at the warp's first group
-    const u32* bq[NTC];
+    // this lane's 16 bytes of its B column in each n-tile (hy_bcol's q = 8 j + gid) at the warp's
+    // first group
+    const uint4* bq[NTC];
 #pragma unroll
     for (int j = 0; j < NTC; ++j)
-        bq[j] = (const u32*)(hy_bcol(p0, p1, p2, xs, n, 8 * j + gid) + (size_t)g_lo * 32 + 2 * (lane & 3));
-    // SB: the staged columns, and this lane's ldmatrix row at the warp's first group: column
-    // lane & 7 (past the call's 3 n columns: the last one, read, unused), k-octet lane >> 3
+        bq[j] = (const uint4*)(hy_bcol(p0, p1, p2, xs, n, 8 * j + gid) + (size_t)g_lo * 32) + (lane & 3);
+    // SB: the staged columns, and this lane's 16 bytes of its column there at the warp's first
+    // group (past the call's 3 n columns: the last one, read, unused)
     const int sbs = hy_sb_stride(gpr);
     const u32 bsm = (u32)__cvta_generic_to_shared(hy_ring) + KS * S * STAGE;
-    const u32 bsl = bsm + (u32)(min(lane & 7, 3 * n - 1) * sbs + g_lo * 64 + (lane >> 3) * 16);
+    const u32 bsl = bsm + (u32)(min(gid, 3 * n - 1) * sbs + g_lo * 64 + (lane & 3) * 16);
     const float* lrow = &sm.lad[0][gid][0];
     // the item being fetched: its job, tiles, this lane's copy sources and the rows left from its
     // first tile. Stage i holds units u = 0..3 (256 weight bytes each, then their 16 code bytes):
@@ -210,9 +213,9 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     u32 bb[2][NTC][4];
     auto ldb = [&](u32 (*b)[4], int gr, bool ok) {
         if (SB) {
-            if (ok) ldsm4(b[0], bsl + gr * 64);
+            if (ok) lds128(b[0], bsl + gr * 64);
         } else {
-            hy_ldb<NTC>(b, bq, gr * 16, ok);
+            hy_ldb<NTC>(b, bq, gr, ok);
         }
     };
     // the first item's weights in flight and its rung table made (from data no kernel writes)

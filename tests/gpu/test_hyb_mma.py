@@ -15,6 +15,7 @@ from cortiq_drv.cmf import f16, q4tp
 from cortiq_drv.cu import Buf, capture
 from cortiq_drv.cu.nvrtc import compile_cubin, load
 from cortiq_drv.errors import Declined
+from cortiq_drv.hybrid import kernels_ref as kr
 from cortiq_drv.hybrid import mma
 from cortiq_drv.hybrid.mats import MatStore
 from cortiq_drv.hybrid.repack import (pair_map, planes_bytes, random_q4tp, repack_on_card,
@@ -60,13 +61,14 @@ def put3(x):
 
 
 def planes(ctx, x, bufs, stride=None):
-    """x [n, cols] f32 as uploaded planes with `stride` elements a row (room for 16 rows)."""
+    """x [n, cols] f32 as uploaded planes with `stride` elements a row (room for 16 rows), each
+    row's columns in fragment order."""
     n, cols = x.shape
     stride = stride or cols
     out = []
     for plane in put3(x):
         a = np.zeros((mma.NMAX, stride), dtype=np.uint16)
-        a[:n, :cols] = plane
+        a[:n, kr.plane_cols(cols)] = plane
         out.append(Buf.from_array(ctx, a))
     bufs.extend(out)
     return mma.Planes(out[0].ptr, out[1].ptr, out[2].ptr, stride)
@@ -187,8 +189,8 @@ def test_pair_epilogue(ctx, fx, store, bufs, var):
     for n in range(1, mma.rows_cap(var[0]) + 1):
         x = rng.standard_normal((n, cols)).astype(np.float32)
         ms.launch(ctx, fx, planes(ctx, x, bufs), n, *var)
-        hi = f16.from_bf16(p0.to_host(np.uint16, (16, stride))[:n, :inter]).astype(np.float64)
-        lo = f16.from_bf16(p1.to_host(np.uint16, (16, stride))[:n, :inter]).astype(np.float64)
+        hi = f16.from_bf16(p0.to_host(np.uint16, (16, stride))[:n, kr.plane_cols(inter)]).astype(np.float64)
+        lo = f16.from_bf16(p1.to_host(np.uint16, (16, stride))[:n, kr.plane_cols(inter)]).astype(np.float64)
         a, b = x.astype(np.float64) @ wg.T, x.astype(np.float64) @ wu.T
         worst = max(worst, rel_rms(hi + 2 * lo, a * np.exp(-np.logaddexp(0, -a)) * b))
     assert worst <= 2e-5, f"pair {var}: relative RMS {worst:.3g}"
@@ -256,7 +258,7 @@ def test_wide_path_rows_bit_for_bit(ctx, fx, store, bufs, ks, pair):
             o.memset(0xFF)
         ms.launch(ctx, fx, planes(ctx, xs, bufs), n, *var)
         if pair:
-            return np.stack([o.to_host(np.uint16, (16, stride))[:n, :rows] for o in outs], axis=1)
+            return np.stack([o.to_host(np.uint16, (16, stride))[:n, kr.plane_cols(rows)] for o in outs], axis=1)
         return outs[0].to_host(np.float32, (16, rows))[:n]
 
     ones = np.concatenate([call(x[i:i + 1], (0, 2, ks, False)) for i in range(16)])
@@ -329,7 +331,7 @@ def test_rows_matvec(ctx, fx, store):
 
 def test_split_is_put3(ctx, fx, bufs):
     rng = np.random.default_rng(2)
-    n, cols, xs, os_ = 5, 100, 104, 128
+    n, cols, xs, os_ = 5, 96, 104, 136
     x = (rng.standard_normal((n, xs)) * np.exp2(rng.integers(-30, 30, (n, xs)))).astype(np.float32)
     xb = Buf.from_array(ctx, x)
     pb = [Buf.new(ctx, n * os_ * 2) for _ in range(3)]
@@ -338,13 +340,15 @@ def test_split_is_put3(ctx, fx, bufs):
         b.memset(0)
     mma.split(ctx, fx, mma.Planes(pb[0].ptr, pb[1].ptr, pb[2].ptr, os_), xb, xs, cols, n)
     for got, want in zip(pb, put3(x[:, :cols])):
-        assert got.to_host(np.uint16, (n, os_))[:, :cols].tobytes() == want.tobytes()
+        g = got.to_host(np.uint16, (n, os_))
+        assert g[:, kr.plane_cols(cols)].tobytes() == want.tobytes()
+        assert (g[:, cols:] == 0).all()
 
 
 @pytest.mark.parametrize("gemma", [False, True])
 def test_rmsnorm2(ctx, fx, bufs, gemma):
     rng = np.random.default_rng(3 + gemma)
-    n, hidden, ps = 3, 2500, 2560
+    n, hidden, ps = 3, 2496, 2560
     x = rng.standard_normal((n, hidden)).astype(np.float32)
     w = rng.standard_normal(hidden).astype(np.float32)
     xb, wb, xf = Buf.from_array(ctx, x), Buf.from_array(ctx, w), Buf.new(ctx, n * hidden * 4)
@@ -357,13 +361,13 @@ def test_rmsnorm2(ctx, fx, bufs, gemma):
     y = xf.to_host(np.float32, (n, hidden))
     assert rel_rms(y, ref) <= 1e-6
     for got, want in zip(pb, put3(y)):
-        assert got.to_host(np.uint16, (n, ps))[:, :hidden].tobytes() == want.tobytes()
+        assert got.to_host(np.uint16, (n, ps))[:, kr.plane_cols(hidden)].tobytes() == want.tobytes()
     # without the f32 output the planes are the same
     for b in pb:
         b.memset(0)
     mma.rmsnorm2(ctx, fx, xb, wb, None, hidden, 1e-6, gemma, p, n)
     for got, want in zip(pb, put3(y)):
-        assert got.to_host(np.uint16, (n, ps))[:, :hidden].tobytes() == want.tobytes()
+        assert got.to_host(np.uint16, (n, ps))[:, kr.plane_cols(hidden)].tobytes() == want.tobytes()
 
 
 def test_budget_declines_a_matrix_that_does_not_fit(ctx, store, monkeypatch):

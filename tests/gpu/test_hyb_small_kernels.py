@@ -229,7 +229,7 @@ def test_gdn_out32(ctx, kern, dev, sig, gemma):
     assert rel_rms(y, kr.gdn_out(o, z, norm, nv, eps, bool(sig), bool(gemma))) < 1e-5
     for got, want in zip(planes, kr.put3(y)):
         g = got.to_host(np.uint16, (n, ps))
-        np.testing.assert_array_equal(g[:, :nv * dv], want)
+        np.testing.assert_array_equal(g[:, kr.plane_cols(nv * dv)], want)
         assert (g[:, nv * dv:] == 0xFFFF).all()
 
 
@@ -293,9 +293,10 @@ def record(n0, n, far=False):
     return np.array([n0, n0, rb, ncap, ncap // rb + int(far), int(far), 0, 0], np.int32)
 
 
-def planes_value(planes, shape):
-    """The f32 a kernel put into the planes (hi + mid + lo is exact)."""
-    return sum(kr.bf16_value(p.to_host(np.uint16, shape)).astype(np.float64) for p in planes).astype(F32)
+def planes_value(planes, shape, cols):
+    """The f32 a kernel put into the planes' first `cols` columns (hi + mid + lo is exact)."""
+    v = sum(kr.bf16_value(p.to_host(np.uint16, shape)).astype(np.float64) for p in planes).astype(F32)
+    return v[:, kr.plane_cols(cols)]
 
 
 class Attn:
@@ -327,7 +328,7 @@ class Attn:
         self.ctx.launch(k("hy_finish", self.hpk, self.hd), (self.nh, n), 256, 0,
                         kargs("QQQQQQiiiiiQ", self.P, self.E, gate, *self.planes, self.ps, n0, rb, self.nh, nbcap,
                               self.ci))
-        return planes_value(self.planes, (n, self.ps))[:, :self.nh * self.hd]
+        return planes_value(self.planes, (n, self.ps), self.nh * self.hd)
 
 
 def attn_case(seed, n0, n, hpk, hd, nkv):

@@ -157,6 +157,22 @@ def test_put3_planes_round_to_nearest_even_and_sum_back():
     assert kr.bf16_bits(np.array([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8], F32)).tolist() == [0x3F80, 0x3F82]
 
 
+def test_plane_cols_put_each_lanes_fragments_in_its_16_bytes():
+    """The planes' fragment order: a permutation within each group of 32 that is its own inverse,
+    and lane t's 8 stored elements at 8 t of a group are the B fragment's column pairs 2 t + 8 a
+    (a = 0..3: b0, b1 of k-step 0, b0, b1 of k-step 1), in that order."""
+    pc = kr.plane_cols(96)
+    assert sorted(pc.tolist()) == list(range(96))
+    assert (pc // 32 == np.arange(96) // 32).all()
+    assert (pc[pc] == np.arange(96)).all()
+    stored = np.empty(96, dtype=np.int64)
+    stored[pc] = np.arange(96)
+    for g in range(3):
+        for t in range(4):
+            want = [32 * g + 2 * t + 8 * a + e for a in range(4) for e in range(2)]
+            assert stored[32 * g + 8 * t:32 * g + 8 * t + 8].tolist() == want
+
+
 @pytest.mark.parametrize("gated,normed,gemma", [(True, True, True), (False, False, False)])
 def test_attn_qk_against_float64(gated, normed, gemma):
     rng = np.random.default_rng(int(gated) + 2 * int(normed))

@@ -297,7 +297,8 @@ def test_multi_row_calls_at_ks8_take_hy_mmr_where_its_grid_takes_them_in_one_wav
 def test_one_row_calls_stage_their_columns_where_it_pays():
     """stages_b on the shapes it was measured on (132 SMs), and the launches it picks: hy_mmvs
     with the ring and the staged columns (hyb_mmp_core.cuh's hy_sb_stride: 64 bytes a group,
-    columns 16 bytes mod 128 apart), hy_mmv otherwise; a forced staging that cannot be is refused."""
+    columns 64 bytes mod 128 apart), hy_mmv otherwise; a forced staging that cannot be is refused,
+    and so are planes that do not take 16-byte loads."""
     import _fakecard
 
     assert mma_rules.stages_b(128, 384, 264, 132, 1)  # 9B down: one item of 384 groups a block
@@ -315,7 +316,7 @@ def test_one_row_calls_stage_their_columns_where_it_pays():
     assert not mma_rules.stages_b(7760, 128, 396, 396, 3)  # three rows: never
     for gpr in (1, 2, 3, 128, 384, 544):
         per = mma.staged_b_bytes(32 * gpr, 1) // 3
-        assert per >= 64 * gpr and per % 128 == 16 and per - 64 * gpr < 128
+        assert per >= 64 * gpr and per % 128 == 64 and per - 64 * gpr < 128
 
     class SmemCtx(_fakecard.FakeCtx):
         def launch(self, f, grid, block, smem, args):
@@ -338,13 +339,21 @@ def test_one_row_calls_stage_their_columns_where_it_pays():
     assert ctx.launches == [("hy_mmvs_2_16", 128, ring + one),
                             ("hy_mmp_1_2_16", 128, mma.ring_bytes(16, mma.RING_STAGES)),
                             ("hy_mmvs_2_16", 128, ring + two), ("hy_mmv_2_16", 128, ring)]
-    odd = mma.Planes(0x10008, 0x20000, 0x30000, 12288)
+    # planes that do not take 16-byte loads, or a partial group of columns: refused, nothing launched
     ctx.launches.clear()
-    ms.run(ctx, fx, odd, 12288, 1)
-    # planes that cannot be staged: the unstaged choice (fewer_waves: hy_mmp_1, as at two rows)
-    assert ctx.launches == [("hy_mmp_1_2_16", 128, mma.ring_bytes(16, mma.RING_STAGES))]
-    with pytest.raises(CortiqError, match="16-byte aligned"):
-        ms.launch(ctx, fx, odd, 1, 0, 2, 16, staged=True)
+    for bad, n in ((mma.Planes(0x10008, 0x20000, 0x30000, 12288), 1),
+                   (mma.Planes(0x10000, 0x20000, 0x30000, 12292), 2)):
+        with pytest.raises(CortiqError, match="16-byte aligned planes"):
+            ms.run(ctx, fx, bad, 12288, n)
+        with pytest.raises(CortiqError, match="16-byte aligned planes"):
+            ms.launch(ctx, fx, bad, n, 0, 2, 16, staged=False)
+    with pytest.raises(CortiqError, match="whole groups of 32"):
+        mma.split(ctx, fx, p, 0xB000, 12288, 100, 1)
+    with pytest.raises(CortiqError, match="whole groups of 32"):
+        mma.rmsnorm2(ctx, fx, 0xB000, 0xC000, 0, 12304, 1e-6, False, p, 1)
+    # one row: any stride
+    ms.launch(ctx, fx, mma.Planes(0x10000, 0x20000, 0x30000, 12290), 1, 0, 2, 16, staged=False)
+    assert ctx.launches == [("hy_mmv_2_16", 128, ring)]
     with pytest.raises(CortiqError, match="only hy_mmv"):
         ms.launch(ctx, fx, p, 1, 1, 2, 16, staged=True)
 
