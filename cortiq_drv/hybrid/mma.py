@@ -34,15 +34,13 @@ HYJOB = np.dtype([("w", "<u8"), ("aux0", "<u8"), ("aux1", "<u8"), ("y", "<u8"), 
 MAXJ = 8
 
 
-# hy_mmp's dynamic shared memory: HY_STAGES stages of HY_STAGE bytes (four 256-byte weight units
-# and their 16 code bytes) a warp, the wide path's budget, in which hy_mmp_run walks rings of
-# HY_RUN_STAGES (kernels/hyb_mmp_core.cuh; the kernel traps when launched with less).
-RING_STAGES = 8
-STAGE_BYTES = 1088
-# hy_mmv's shallower ring (HY_MV_STAGES; a sweep compiling another value gives `MmaFuncs` its own).
-MV_STAGES = 4
-# hy_mmp_run's rings in hy_mmp and hy_mmr (HY_RUN_STAGES): hy_mmr's whole dynamic shared memory.
+# The dynamic shared memory of hy_mmp and hy_mmr: each warp's ring of HY_RUN_STAGES stages of
+# HY_STAGE bytes (four 256-byte weight units and their 16 code bytes; kernels/hyb_mmp_core.cuh; the
+# kernels trap when launched with less).
 RUN_STAGES = 4
+STAGE_BYTES = 1088
+# hy_mmv's ring (HY_MV_STAGES; a sweep compiling another value gives `MmaFuncs` its own).
+MV_STAGES = 4
 # Registers and threads an SM holds (sm_80, sm_90).
 _SM_REGS = 65536
 _SM_THREADS = 2048
@@ -117,7 +115,7 @@ class MmaFuncs:
         # the card's limits, kept here: launches may go through a wrapper of the context (KtCtx)
         self.smem_optin, self.sm_count = ctx.smem_optin, ctx.sm_count
         self.mmp = [[[module.func(mmp_name(nt, tb, ks)) for ks in (8, 16)] for tb in (1, 2)] for nt in (0, 1, 2)]
-        self.mmp_smem = [[ring_bytes(ks, mv_stages if nt == 0 else RING_STAGES) for ks in (8, 16)] for nt in (0, 1, 2)]
+        self.mmp_smem = [[ring_bytes(ks, mv_stages if nt == 0 else RUN_STAGES) for ks in (8, 16)] for nt in (0, 1, 2)]
         self.grid_cap = [[[0, 0], [0, 0]] for _ in range(3)]
         for nt in (0, 1, 2):
             for tb in (1, 2):

@@ -79,9 +79,9 @@ def one_wave(items: int, cap_mmp: int, cap_mmr: int) -> bool:
     """Whether a 3..8-row call at KS 8 over `items` work items takes hy_mmr rather than hy_mmp_1
     (the same run path and sums, with 4-stage rings and 80 registers a thread for three blocks an
     SM against hy_mmp_1's two): when hy_mmr's grid (`cap_mmr` blocks resident on the card) takes
-    every item at once and hy_mmp_1's (`cap_mmp`) does not. Such a set never takes hy_mmp_1's wide
-    path, which wants items for twice its grid. H200, `bench_kernels --models 9B,27B --rows
-    2,3,4,6,8 --variants all` (session13.md call 2), us at 3 / 4 / 6 / 8 rows, hy_mmr against
+    every item at once and hy_mmp_1's (`cap_mmp`) does not. H200, before the planes' fragment
+    order, `bench_kernels --models 9B,27B --rows 2,3,4,6,8 --variants all` (session13.md call 2),
+    us at 3 / 4 / 6 / 8 rows, hy_mmr against
     hy_mmp_1: one round against two, it wins: 9B attention in (320 items) 19.0 / 21.6 / 32.2 /
     34.8 against 23.7 / 26.8 / 35.6 / 39.1, 9B GDN in (384) 20.3 / 23.0 / 34.2 / 36.9 against
     24.0 / 27.3 / 36.0 / 39.6; two rounds each, it loses: 27B attention in (448) 41.6 / 45.5 /

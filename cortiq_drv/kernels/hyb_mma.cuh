@@ -2,7 +2,7 @@
 // hy_rmsnorm2): q4tp weights in the mma.sync m16n8k16 A-fragment layout, multiplied on the tensor
 // cores by activations given as three bf16 planes of each f32 value. This file: the layout, put3,
 // HyJob, hy_repack, hy_split, hy_rmsnorm2; the matvec itself is in hyb_mmp_core.cuh (per-tile
-// path) and hyb_mmp.cuh (wide path and the entry points).
+// path) and hyb_mmp.cuh (the entry points).
 //
 // Repacked q4tp matrix of `rows` logical rows, ntile = ceil(rows / 16), gpr = cols / 32:
 //   tiles  u32 [ntile][gpr][32 lanes][2]  word s of lane l = (gid, tig) = (l >> 2, l & 3) holds the

@@ -1,6 +1,6 @@
 // The q4tp matvec's shared pieces and its per-tile path (hy_mmp_run): nibble decode, mma.sync,
 // cp.async ring, epilogues. The layout and the planes are described in hyb_mma.cuh; the entry
-// points hy_mmp_{NT}_{TB}_{KS} and the wide multi-row path are in hyb_mmp.cuh.
+// points hy_mmp_{NT}_{TB}_{KS}, hy_mmv, hy_mmvs and hy_mmr are in hyb_mmp.cuh.
 
 // Two nibbles (bits 0-3 and 16-19 of v) as the bf16 pair (n_lo - 8, n_hi - 8), exact: one lop3
 // makes the nibble the mantissa of 128 + n (mask and magic in registers, so it stays one
@@ -60,11 +60,9 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
 }
 
 // Stages of each warp's ring (a power of two): S * 1088 bytes of dynamic shared memory a warp;
-// hy_mmp's (its launch's shared memory, which the wide path divides its own way), the one its
-// hy_mmp_run walks in it (HY_RUN_STAGES <= HY_STAGES), and hy_mmv's (more blocks an SM, see
-// hyb_mmp.cuh). H200, 9B, 3..16 rows: hy_mmp_run 4 stages deep is 1-8% faster than 8 deep on
-// every set it runs (down at 3 rows 18.4 against 20.0 us, at 16 rows 52.5 against 54.3).
-#define HY_STAGES 8
+// hy_mmp's and hy_mmr's (HY_RUN_STAGES), and hy_mmv's (more blocks an SM, see hyb_mmp.cuh).
+// H200, 9B, 3..16 rows: hy_mmp_run 4 stages deep is 1-8% faster than 8 deep on every set it ran
+// (down at 3 rows 18.4 against 20.0 us, at 16 rows 52.5 against 54.3).
 #ifndef HY_RUN_STAGES
 #define HY_RUN_STAGES 4
 #endif

@@ -226,12 +226,10 @@ def test_rows_bit_for_bit_in_any_call(ctx, fx, store, bufs, ks, cols):
 
 @pytest.mark.parametrize("pair", [False, True], ids=["plain", "pair"])
 @pytest.mark.parametrize("ks", [8, 16])
-def test_wide_path_rows_bit_for_bit(ctx, fx, store, bufs, ks, pair):
-    """hy_mmp_wide (hyb_mmp.cuh: calls of HY_WIDE_ROWS = 4 rows or more over HY_WIDE_MIN items of 8
-    tiles or more, with items for half the grid): a matrix of 32 760 rows (2048 tiles, the last
-    ragged: 256 wide items, for grids of up to 512 blocks), or a pair of two 16 376-row halves
-    (2047 tiles), 64 wide. Row i of every multi-row call (3 rows: hy_mmp_run; 4..16: wide) equals
-    the row in a one-row call bit for bit; the one-row outputs against float64 as in
+def test_many_items_rows_bit_for_bit(ctx, fx, store, bufs, ks, pair):
+    """Sets of many items a block: a matrix of 32 760 rows (2048 tiles, the last ragged), or a
+    pair of two 16 376-row halves (2047 tiles), 64 wide. Row i of every multi-row call equals the
+    row in a one-row call bit for bit; the one-row outputs against float64 as in
     test_mmp_matches_decode and test_pair_epilogue."""
     rng = np.random.default_rng(70 + ks + pair)
     rows, cols, stride = 32760, 64, 16384

@@ -164,6 +164,9 @@ class FakeEvent:
 
 
 class FakeFunc:
+    """A kernel: its name and the registers a thread ptxas gives it on sm_90 (hy_mmp_*: 128,
+    hy_mmr_*: 80, under their launch bounds; 64 for the others)."""
+
     def __init__(self, name: str):
         self.name = name
 
@@ -171,7 +174,8 @@ class FakeFunc:
         pass
 
     def attr(self, name: str) -> int:
-        return {"NUM_REGS": 64}.get(name, 0)
+        regs = 128 if self.name.startswith("hy_mmp_") else 80 if self.name.startswith("hy_mmr_") else 64
+        return {"NUM_REGS": regs}.get(name, 0)
 
 
 class FakeModule:

@@ -187,10 +187,9 @@ def test_job_args_carry_the_table_by_value():
 
 
 def test_mmp_launches_take_their_variants_ring():
-    """Each variant launches with its ring's dynamic shared memory: HY_STAGES stages of HY_STAGE
-    bytes a warp for hy_mmp, HY_MV_STAGES for hy_mmv, HY_RUN_STAGES for hy_mmr (the kernels'
-    values), or the depth a sweep compiled hy_mmv with when MmaFuncs is given one; the wide
-    path's constants are the kernel's."""
+    """Each variant launches with its ring's dynamic shared memory: HY_RUN_STAGES stages of
+    HY_STAGE bytes a warp for hy_mmp and hy_mmr, HY_MV_STAGES for hy_mmv (the kernels' values),
+    or the depth a sweep compiled hy_mmv with when MmaFuncs is given one."""
     import re
 
     import _fakecard
@@ -201,8 +200,8 @@ def test_mmp_launches_take_their_variants_ring():
     def macro(text, name):
         return int(re.search(rf"#define {name} (\d+)", text).group(1))
 
-    stages, mv, run, stage = (macro(core, k) for k in ("HY_STAGES", "HY_MV_STAGES", "HY_RUN_STAGES", "HY_STAGE"))
-    assert (mma.RING_STAGES, mma.MV_STAGES, mma.RUN_STAGES, mma.STAGE_BYTES) == (stages, mv, run, stage)
+    mv, run, stage = (macro(core, k) for k in ("HY_MV_STAGES", "HY_RUN_STAGES", "HY_STAGE"))
+    assert (mma.MV_STAGES, mma.RUN_STAGES, mma.STAGE_BYTES) == (mv, run, stage)
 
     class SmemCtx(_fakecard.FakeCtx):
         def launch(self, f, grid, block, smem, args):
@@ -216,12 +215,12 @@ def test_mmp_launches_take_their_variants_ring():
     for nt, tb, ks in variants:
         ms.launch(ctx, fx, p, 1, nt, tb, ks)
     assert ctx.launches == [(f"hy_mmv_{tb}_{ks}" if nt == 0 else f"hy_mmp_{nt}_{tb}_{ks}", 32 * ks,
-                             ks * (mv if nt == 0 else stages) * stage) for nt, tb, ks in variants]
+                             ks * (mv if nt == 0 else run) * stage) for nt, tb, ks in variants]
     ctx.launches.clear()
     swept = mma.MmaFuncs(ctx, _fakecard.FakeModule(), 6)
     for nt, tb, ks in variants:
         ms.launch(ctx, swept, p, 1, nt, tb, ks)
-    assert [s for _, _, s in ctx.launches] == [ks * (6 if nt == 0 else stages) * stage for nt, tb, ks in variants]
+    assert [s for _, _, s in ctx.launches] == [ks * (6 if nt == 0 else run) * stage for nt, tb, ks in variants]
     ctx.launches.clear()
     for n in (3, 5, 6, 8):
         for tb in (1, 2):
@@ -283,7 +282,10 @@ def test_multi_row_calls_at_ks8_take_hy_mmr_where_its_grid_takes_them_in_one_wav
     p = mma.Planes(0x10000, 0x20000, 0x30000, 4096)
     cap_mmp = fx.grid_cap[1][1][0]
     assert [fx.mmr_cap[c][1] for c in (0, 1)] == [fx.mmr_cap[0][1]] * 2 and fx.mmr_cap[0][1] > cap_mmp
-    for items in (cap_mmp - 8, cap_mmp + 8, fx.mmr_cap[0][1], fx.mmr_cap[0][1] + 8):
+    # a KS 8 set (10 240 rows or more) of one matrix has 320 items or more at TB 2: more than
+    # hy_mmp_1's grid holds on this card (the other side is one_wave's assertions above)
+    assert (cap_mmp, fx.mmr_cap[0][1]) == (264, 396)
+    for items in (320, fx.mmr_cap[0][1], fx.mmr_cap[0][1] + 8):
         rows = 32 * items
         ms = mma.MmaSet(ctx, [mma.JobSpec(Wide(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
         assert ms.variant(3) == (1, 2, 8) and ms.blocks[1] == items
@@ -337,7 +339,7 @@ def test_one_row_calls_stage_their_columns_where_it_pays():
     one, two = mma.staged_b_bytes(12288, 1), mma.staged_b_bytes(12288, 2)
     # two rows: no staging; hy_mmp_1 (one block an SM) walks the 128 items in one round as hy_mmv does
     assert ctx.launches == [("hy_mmvs_2_16", 128, ring + one),
-                            ("hy_mmp_1_2_16", 128, mma.ring_bytes(16, mma.RING_STAGES)),
+                            ("hy_mmp_1_2_16", 128, mma.ring_bytes(16, mma.RUN_STAGES)),
                             ("hy_mmvs_2_16", 128, ring + two), ("hy_mmv_2_16", 128, ring)]
     # planes that do not take 16-byte loads, or a partial group of columns: refused, nothing launched
     ctx.launches.clear()
