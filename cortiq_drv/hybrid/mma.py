@@ -279,9 +279,9 @@ class MmaSet:
         return variant(n, self.ks16, self.tb1)
 
     def choice(self, fx, p: Planes, n: int) -> tuple[int, int, int, bool, bool]:
-        """(NT, TB, KS, staged, lean) of `run`'s call: `variant`; at one or two rows hy_mmvs where
-        `stages` says, else hy_mmp_1 instead of hy_mmv where `fewer_waves` does; at 3..8 rows and
-        KS 8, hy_mmr (lean) where `one_wave` says (the rules: mma_rules)."""
+        """(NT, TB, KS, staged, lean) of `run`'s call: `variant`; at one row hy_mmvs where `stages`
+        says, else (one or two rows) hy_mmp_1 instead of hy_mmv where `fewer_waves` does; at 3..8
+        rows and KS 8, hy_mmr (lean) where `one_wave` says (the rules: mma_rules)."""
         nt, tb, ks = self.variant(n)
         if mmr_fits(nt, ks, n):
             lean = one_wave(self.blocks[tb - 1], fx.grid_cap[1][tb - 1][0], fx.mmr_cap[mmr_ntc(n) - 2][tb - 1])
@@ -296,9 +296,9 @@ class MmaSet:
         return nt, tb, ks, False, False
 
     def stages(self, fx, p: Planes, n: int, tb: int, ks: int) -> bool:
-        """Whether a call of `n` rows at (tb, ks) stages its columns (hy_mmvs) by the rules: one or
-        two rows, room for the columns, and `stages_b`."""
-        shape = fx.staged_shape(tb, ks, self.cols, n) if n <= 2 else None
+        """Whether a call of `n` rows at (tb, ks) stages its columns (hy_mmvs) by the rules: room
+        for the columns and `stages_b` (one row)."""
+        shape = fx.staged_shape(tb, ks, self.cols, n) if n == 1 else None
         return shape is not None and stages_b(self.blocks[tb - 1], self.cols // 32,
                                               fx.grid_cap[0][tb - 1][int(ks == 16)], shape[1], n)
 

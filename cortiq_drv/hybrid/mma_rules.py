@@ -1,7 +1,7 @@
 """The measured rules by which a set of q4tp matrices (`mma.MmaSet`) picks its launches: the
 reference's `mmaset_kind_` rules (`set_rules`: KS and TB of a set), and the choices made here on
-top of them for one- and two-row calls (`stages_b`: columns staged in shared memory; `fewer_waves`:
-hy_mmp_1 for hy_mmv) and for 3..8-row calls (`one_wave`: hy_mmr for hy_mmp_1). Only `set_rules`'
+top of them for one- and two-row calls (`stages_b`: a one-row call's columns staged in shared
+memory; `fewer_waves`: hy_mmp_1 for hy_mmv) and for 3..8-row calls (`one_wave`: hy_mmr for hy_mmp_1). Only `set_rules`'
 KS changes a row's bits; every other choice runs the same sums. Each rule gives the H200
 measurements it rests on.
 """
@@ -37,27 +37,21 @@ def set_rules(rows: list[int]) -> tuple[bool, bool]:
 # block lost when timed alone (GDN qkv + z 14.1 against 11.6 us, attention q + k + v 15.4
 # against 12.6) and changed the step by nothing measurable.
 STAGE_MIN_GROUPS = 384
-# The same for a two-row call, whose six columns make the B fragments cost twice a one-row
-# call's: staging pays even where it costs blocks. H200, `bench_kernels --models 9B,27B --rows 2
-# --variants all` (session12.md call 4), us staged / not: 9B LM head (30 items of 128 groups a
-# block at the staged grid) 196.0 / 211.5, 27B head (30 of 160) 232.1 / 256.7, 27B gate/up (5 of
-# 160) 40.3 / 41.6; below: 9B gate/up (3 of 128) 26.3 / 24.5, 9B attention in (2 of 128) 16.4 /
-# 12.1, 27B o (1 of 192) 14.1 / 12.5.
-STAGE2_MIN_GROUPS = 512
-
 
 def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, n: int) -> bool:
-    """Whether a call of `n` rows (one or two) over `items` work items of `gpr` groups each takes
-    hy_mmvs. One row: its bigger shared memory keeps every block the set could use resident
-    (`ring_cap`, `staged_cap`: blocks resident without and with it), and each block walks
-    STAGE_MIN_GROUPS groups or more, over which the copy pays (the 27B shape's down and head lose
-    blocks: they stay on hy_mmv). Two rows: each block at the staged grid walks
-    STAGE2_MIN_GROUPS groups or more."""
+    """Whether a call of `n` rows over `items` work items of `gpr` groups each takes hy_mmvs: one
+    row, its bigger shared memory keeps every block the set could use resident (`ring_cap`,
+    `staged_cap`: blocks resident without and with it), and each block walks STAGE_MIN_GROUPS
+    groups or more, over which the copy pays (the 27B shape's down and head lose blocks: they
+    stay on hy_mmv). Two rows never stage since each lane's B fragments of a group are one
+    16-byte load (the planes' fragment order): H200, `bench_kernels --models 9B,27B --rows
+    2,4,8,16 --variants all` (session 14), us at two rows, staged against hy_mmv, where the rule
+    before it staged: 9B LM head 202.4 against 189.7, 27B head 250.1 against 229.2, 27B gate/up
+    38.3 against 36.8."""
+    if n != 1:
+        return False
     grid = min(items, staged_cap)
-    walked = -(-items // grid) * gpr
-    if n == 2:
-        return walked >= STAGE2_MIN_GROUPS
-    return n == 1 and grid >= min(items, ring_cap) and walked >= STAGE_MIN_GROUPS
+    return grid >= min(items, ring_cap) and -(-items // grid) * gpr >= STAGE_MIN_GROUPS
 
 
 def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
