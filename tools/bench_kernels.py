@@ -240,9 +240,10 @@ def main(argv=None) -> int:
     a.rows = [int(v) for v in a.rows.split(",")]
     ctx = Ctx.current()
     defines = dict(d.split("=", 1) for d in a.define)
-    # the launches' ring size follows a swept hy_mmv ring depth
+    # the launches' ring sizes follow swept ring depths
     fx = mma.MmaFuncs(ctx, load(ctx, compile_cubin(mma.weight_side_source(), defines, ctx.arch)),
-                      int(defines.get("HY_MV_STAGES", mma.MV_STAGES)))
+                      int(defines.get("HY_MV_STAGES", mma.MV_STAGES)),
+                      int(defines.get("HY_RUN_STAGES", mma.RUN_STAGES)))
     out = open(a.out, "a") if a.out else None
 
     def emit(line):

@@ -104,18 +104,19 @@ class MmaFuncs:
     """The weight-side kernels of one loaded hyb.cu module: `mmp[NT][TB - 1][KS == 16]` (NT 0:
     `hy_mmv_{TB}_{KS}`, the one- and two-row entries; 1, 2: `hy_mmp_{NT}_{TB}_{KS}`), `split`,
     `rmsnorm2`, `repack` (the matching fields of the reference's `HFuncs`), `mmp_smem[NT][KS == 16]`,
-    each variant's dynamic shared memory (hy_mmv's rings `mv_stages` deep: the module's
-    HY_MV_STAGES), and `grid_cap`, the blocks each variant keeps resident on the whole card (its
-    grid walks the work items, so a launch never needs more), and `mmvs[TB - 1][KS == 16]`,
+    each variant's dynamic shared memory (hy_mmv's rings `mv_stages` deep, hy_mmp's and hy_mmr's
+    `run_stages`: the module's HY_MV_STAGES and HY_RUN_STAGES), and `grid_cap`, the blocks each
+    variant keeps resident on the whole card (its grid walks the work items, so a launch never
+    needs more), and `mmvs[TB - 1][KS == 16]`,
     `hy_mmvs_{TB}_{KS}` (hy_mmv with its columns staged: its shared memory and blocks by
     `staged_shape`), and `mmr[NTC - 2][TB - 1]`, `hy_mmr_{NTC}_{TB}_8` (`mmr_smem`, `mmr_cap`).
     PDL_KERNELS are marked `pdl`."""
 
-    def __init__(self, ctx, module, mv_stages: int = MV_STAGES):
+    def __init__(self, ctx, module, mv_stages: int = MV_STAGES, run_stages: int = RUN_STAGES):
         # the card's limits, kept here: launches may go through a wrapper of the context (KtCtx)
         self.smem_optin, self.sm_count = ctx.smem_optin, ctx.sm_count
         self.mmp = [[[module.func(mmp_name(nt, tb, ks)) for ks in (8, 16)] for tb in (1, 2)] for nt in (0, 1, 2)]
-        self.mmp_smem = [[ring_bytes(ks, mv_stages if nt == 0 else RUN_STAGES) for ks in (8, 16)] for nt in (0, 1, 2)]
+        self.mmp_smem = [[ring_bytes(ks, mv_stages if nt == 0 else run_stages) for ks in (8, 16)] for nt in (0, 1, 2)]
         self.grid_cap = [[[0, 0], [0, 0]] for _ in range(3)]
         for nt in (0, 1, 2):
             for tb in (1, 2):
@@ -129,7 +130,7 @@ class MmaFuncs:
         for f in (f for row in self.mmvs for f in row):
             f.allow_smem(self.smem_optin - f.attr("SHARED_SIZE_BYTES"))
         self.mmr = [[module.func(mmr_name(ntc, tb)) for tb in (1, 2)] for ntc in (2, 3)]
-        self.mmr_smem = ring_bytes(8, RUN_STAGES)
+        self.mmr_smem = ring_bytes(8, run_stages)
         for f in (f for row in self.mmr for f in row):
             f.allow_smem(self.mmr_smem)
         self.mmr_cap = [[blocks_per_sm(self.smem_optin, f, 256, self.mmr_smem) * self.sm_count for f in row]

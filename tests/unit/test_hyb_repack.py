@@ -189,7 +189,7 @@ def test_job_args_carry_the_table_by_value():
 def test_mmp_launches_take_their_variants_ring():
     """Each variant launches with its ring's dynamic shared memory: HY_RUN_STAGES stages of
     HY_STAGE bytes a warp for hy_mmp and hy_mmr, HY_MV_STAGES for hy_mmv (the kernels' values),
-    or the depth a sweep compiled hy_mmv with when MmaFuncs is given one."""
+    or the depths a sweep compiled them with when MmaFuncs is given them."""
     import re
 
     import _fakecard
@@ -217,10 +217,12 @@ def test_mmp_launches_take_their_variants_ring():
     assert ctx.launches == [(f"hy_mmv_{tb}_{ks}" if nt == 0 else f"hy_mmp_{nt}_{tb}_{ks}", 32 * ks,
                              ks * (mv if nt == 0 else run) * stage) for nt, tb, ks in variants]
     ctx.launches.clear()
-    swept = mma.MmaFuncs(ctx, _fakecard.FakeModule(), 6)
+    swept = mma.MmaFuncs(ctx, _fakecard.FakeModule(), 6, 8)
     for nt, tb, ks in variants:
         ms.launch(ctx, swept, p, 1, nt, tb, ks)
-    assert [s for _, _, s in ctx.launches] == [ks * (6 if nt == 0 else run) * stage for nt, tb, ks in variants]
+    ms.launch(ctx, swept, p, 3, 1, 2, 8, lean=True)
+    assert [s for _, _, s in ctx.launches] == [ks * (6 if nt == 0 else 8) * stage for nt, tb, ks in variants] + [
+        8 * 8 * stage]
     ctx.launches.clear()
     for n in (3, 5, 6, 8):
         for tb in (1, 2):
