@@ -236,7 +236,7 @@ def test_many_items_rows_bit_for_bit(ctx, fx, store, bufs, ks, pair):
     if pair:
         inter = rows = 16376  # each half's rows: the outputs a row
         g, u = random_q4tp(inter, cols, rng), random_q4tp(inter, cols, rng)
-        ms_mat = store.hmat_pair("wide", g, u, inter, cols)
+        ms_mat = store.hmat_pair("items", g, u, inter, cols)
         wg, wu = (q4tp.decode(b, inter, cols).astype(np.float64) for b in (g, u))
         outs = [Buf.new(ctx, 16 * stride * 2) for _ in range(2)]
         ms = mma.mmaset_pair(ctx, ms_mat, outs[0], outs[1], stride)
@@ -244,7 +244,7 @@ def test_many_items_rows_bit_for_bit(ctx, fx, store, bufs, ks, pair):
         pl = random_q4tp(rows, cols, rng)
         w = q4tp.decode(pl, rows, cols).astype(np.float64)
         outs = [Buf.new(ctx, 16 * rows * 4)]
-        ms = mma.mmaset(ctx, [mma.JobSpec(store.hmat("wide", pl, rows, cols), outs[0].ptr, 0, rows, rows)])
+        ms = mma.mmaset(ctx, [mma.JobSpec(store.hmat("items", pl, rows, cols), outs[0].ptr, 0, rows, rows)])
     bufs += outs
     x = rng.standard_normal((16, cols)).astype(np.float32)
 
