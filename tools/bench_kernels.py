@@ -15,8 +15,8 @@ included, as in a decode step's graph). `--variants all` times every (TB, KS) ch
 (at one and two rows hy_mmv, staged or not where the columns fit, and hy_mmp_1; at 3..8 rows and
 KS 8 hy_mmr beside hy_mmp_1; variant "NT_TB_KS", an "s" for hy_mmvs, an "r" for hy_mmr);
 `--define` compiles the kernels with tuning macros (HY_MV_STAGES, HY_RUN_STAGES, HY_MB_*, HY_MV_MB_*,
-HY_MVS_MB_*, HY_MR_MB) for a sweep. Only hyb.cu's weight-side
-pieces are compiled (mma.weight_side_source).
+HY_MVS_MB_*, HY_MR_MB) for a sweep. Only hyb.cu's weight-side pieces are compiled
+(mma.weight_side_source).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
 
     try:
         for n in a.rows:
-            rule = rot.sets[0].choice(fx, p, n)
+            rule = rot.sets[0].choice(fx, n)
             nt = rule[0]
             nts = (0, 1) if n <= 2 else (nt,)  # hy_mmv (and hy_mmvs) beside hy_mmp_1 at one or two rows
             choices = [rule] if a.variants == "rule" else [

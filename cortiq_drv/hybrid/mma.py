@@ -273,13 +273,13 @@ class MmaSet:
         self._hyjobs = [jobs_block(t) for t in self.jobs]
         self.ks16, self.tb1 = set_rules([s.rows for s in list_])
         self._calls = {}  # (fx, nt, tb, ks, staged, lean, planes, n): ctx.launch's arguments
-        self._choices = {}  # (fx, planes, n): `choice`
+        self._choices = {}  # (fx, n): `choice`
 
     def variant(self, n: int) -> tuple[int, int, int]:
         """(NT, TB, KS) of a call with `n` rows (`MmaSet::run`'s choice)."""
         return variant(n, self.ks16, self.tb1)
 
-    def choice(self, fx, p: Planes, n: int) -> tuple[int, int, int, bool, bool]:
+    def choice(self, fx, n: int) -> tuple[int, int, int, bool, bool]:
         """(NT, TB, KS, staged, lean) of `run`'s call: `variant`; at one row hy_mmvs where `stages`
         says, else (one or two rows) hy_mmp_1 instead of hy_mmv where `fewer_waves` does; at 3..8
         rows and KS 8, hy_mmr (lean) where `one_wave` says (the rules: mma_rules)."""
@@ -289,17 +289,17 @@ class MmaSet:
             return nt, tb, ks, False, lean
         if nt:
             return nt, tb, ks, False, False
-        if self.stages(fx, p, n, tb, ks):
+        if self.stages(fx, n, tb, ks):
             return nt, tb, ks, True, False
         ki = int(ks == 16)
         if fewer_waves(self.blocks[tb - 1], fx.grid_cap[0][tb - 1][ki], fx.grid_cap[1][tb - 1][ki]):
             nt = 1
         return nt, tb, ks, False, False
 
-    def stages(self, fx, p: Planes, n: int, tb: int, ks: int) -> bool:
+    def stages(self, fx, n: int, tb: int, ks: int) -> bool:
         """Whether a call of `n` rows at (tb, ks) stages its columns (hy_mmvs) by the rules: room
-        for the columns and `stages_b` (one row)."""
-        shape = fx.staged_shape(tb, ks, self.cols, n) if n == 1 else None
+        for the columns (hy_mmvs takes one or two rows) and `stages_b`."""
+        shape = fx.staged_shape(tb, ks, self.cols, n) if n <= 2 else None
         return shape is not None and stages_b(self.blocks[tb - 1], self.cols // 32,
                                               fx.grid_cap[0][tb - 1][int(ks == 16)], shape[1], n)
 
@@ -308,10 +308,10 @@ class MmaSet:
         `choice` does)."""
         if cols != self.cols:
             raise CortiqError(f"hy_mmp: planes {cols} wide for matrices {self.cols} wide")
-        key = (fx, p, n)
+        key = (fx, n)
         how = self._choices.get(key)
         if how is None:
-            how = self._choices[key] = self.choice(fx, p, n)
+            how = self._choices[key] = self.choice(fx, n)
         self.launch(ctx, fx, p, n, *how)
 
     def launch(self, ctx, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None,
@@ -342,7 +342,7 @@ class MmaSet:
             return fx.mmr[c - 2][tb - 1], fx.mmr_smem, fx.mmr_cap[c - 2][tb - 1]
         ki = int(ks == 16)
         f, smem, cap = fx.mmp[nt][tb - 1][ki], fx.mmp_smem[nt][ki], fx.grid_cap[nt][tb - 1][ki]
-        if nt == 0 and (self.stages(fx, p, n, tb, ks) if staged is None else staged):
+        if nt == 0 and (self.stages(fx, n, tb, ks) if staged is None else staged):
             shape = fx.staged_shape(tb, ks, self.cols, n)
             if shape is None:
                 raise CortiqError(f"hy_mmvs_{tb}_{ks}: {n} rows {self.cols} wide need room for their columns "

@@ -38,6 +38,7 @@ def set_rules(rows: list[int]) -> tuple[bool, bool]:
 # against 12.6) and changed the step by nothing measurable.
 STAGE_MIN_GROUPS = 384
 
+
 def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, n: int) -> bool:
     """Whether a call of `n` rows over `items` work items of `gpr` groups each takes hy_mmvs: one
     row, its bigger shared memory keeps every block the set could use resident (`ring_cap`,
@@ -55,32 +56,30 @@ def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, n: int) -> bo
 
 
 def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
-    """Whether a one- or two-row call over `items` work items takes hy_mmp_1 rather than hy_mmv
-    (the same KS, so the same bits): when hy_mmp_1's grid (`cap_mmp` blocks resident on the card:
-    fewer, with 128 registers a thread against hy_mmv's 80 or 64) walks the items in no more
-    rounds than hy_mmv's (`cap_mmv`). H200, `bench_kernels --models 9B,27B --rows 1,2 --variants
-    all`, us at one / two rows, hy_mmp_1 against hy_mmv (session12.md call 4): rounds equal, it
-    wins: 9B o and GDN out
-    (128 items, one round each) 6.0 / 6.6 against 6.6 / 7.3, 9B down at two rows 13.8 against
-    15.0, 27B attention in (448 items, two rounds each) 18.2 / 20.7 against 20.6 / 26.8, 27B GDN
-    in 18.5 / 21.4 against 21.2 / 27.4; a round more, it loses: 9B attention in (320 items: two
-    rounds against one) 14.8 / 16.8 against 10.5 / 12.1, 9B gate/up 22.9 against 21.1, 27B o
-    12.1 against 10.7, 27B down 30.8 against 25.6."""
+    """Whether a one- or two-row call over `items` work items takes hy_mmp_1 rather than hy_mmv (the
+    same KS, so the same bits): when hy_mmp_1's grid (`cap_mmp` blocks resident on the card: fewer,
+    with 128 registers a thread against hy_mmv's 80 or 64) walks the items in no more rounds than
+    hy_mmv's (`cap_mmv`). H200, `bench_kernels --models 9B,27B --rows 1,2 --variants all`, us at one
+    / two rows, hy_mmp_1 against hy_mmv (session12.md call 4): rounds equal, it wins: 9B o and GDN
+    out (128 items, one round each) 6.0 / 6.6 against 6.6 / 7.3, 9B down at two rows 13.8 against
+    15.0, 27B attention in (448 items, two rounds each) 18.2 / 20.7 against 20.6 / 26.8, 27B GDN in
+    18.5 / 21.4 against 21.2 / 27.4; a round more, it loses: 9B attention in (320 items: two rounds
+    against one) 14.8 / 16.8 against 10.5 / 12.1, 9B gate/up 22.9 against 21.1, 27B o 12.1 against
+    10.7, 27B down 30.8 against 25.6."""
     return -(-items // cap_mmp) <= -(-items // cap_mmv)
 
 
 def one_wave(items: int, cap_mmp: int, cap_mmr: int) -> bool:
     """Whether a 3..8-row call at KS 8 over `items` work items takes hy_mmr rather than hy_mmp_1
-    (the same run path and sums, with 4-stage rings and 80 registers a thread for three blocks an
-    SM against hy_mmp_1's two): when hy_mmr's grid (`cap_mmr` blocks resident on the card) takes
-    every item at once and hy_mmp_1's (`cap_mmp`) does not. H200, before the planes' fragment
-    order, `bench_kernels --models 9B,27B --rows 2,3,4,6,8 --variants all` (session13.md call 2),
-    us at 3 / 4 / 6 / 8 rows, hy_mmr against
-    hy_mmp_1: one round against two, it wins: 9B attention in (320 items) 19.0 / 21.6 / 32.2 /
-    34.8 against 23.7 / 26.8 / 35.6 / 39.1, 9B GDN in (384) 20.3 / 23.0 / 34.2 / 36.9 against
-    24.0 / 27.3 / 36.0 / 39.6; two rounds each, it loses: 27B attention in (448) 41.6 / 45.5 /
-    65.5 / 71.1 against 29.5 / 33.8 / 44.4 / 48.6, 27B GDN in (512) 44.6 / 50.6 / 75.6 / 81.3
-    against 29.8 / 34.2 / 44.9 / 49.1; many rounds, within 6% either way: 9B gate/up at 3 rows
-    39.1 against 37.1, 27B gate/up 69.1 against 72.1, the heads 358.5 against 338.2 (9B) and
-    439.2 against 412.8 (27B)."""
+    (the same run path and sums, with 4-stage rings and 80 registers a thread for three blocks an SM
+    against hy_mmp_1's two): when hy_mmr's grid (`cap_mmr` blocks resident on the card) takes every
+    item at once and hy_mmp_1's (`cap_mmp`) does not. H200, before the planes' fragment order,
+    `bench_kernels --models 9B,27B --rows 2,3,4,6,8 --variants all` (session13.md call 2), us at 3 /
+    4 / 6 / 8 rows, hy_mmr against hy_mmp_1: one round against two, it wins: 9B attention in (320
+    items) 19.0 / 21.6 / 32.2 / 34.8 against 23.7 / 26.8 / 35.6 / 39.1, 9B GDN in (384) 20.3 / 23.0
+    / 34.2 / 36.9 against 24.0 / 27.3 / 36.0 / 39.6; two rounds each, it loses: 27B attention in
+    (448) 41.6 / 45.5 / 65.5 / 71.1 against 29.5 / 33.8 / 44.4 / 48.6, 27B GDN in (512) 44.6 / 50.6
+    / 75.6 / 81.3 against 29.8 / 34.2 / 44.9 / 49.1; many rounds, within 6% either way: 9B gate/up
+    at 3 rows 39.1 against 37.1, 27B gate/up 69.1 against 72.1, the heads 358.5 against 338.2 (9B)
+    and 439.2 against 412.8 (27B)."""
     return cap_mmp < items <= cap_mmr

@@ -15,6 +15,7 @@ from cortiq_drv.cmf import f16, q4tp
 from cortiq_drv.cu import Buf, capture
 from cortiq_drv.cu.nvrtc import compile_cubin, load
 from cortiq_drv.errors import Declined
+from cortiq_drv.host.ops import silu
 from cortiq_drv.hybrid import kernels_ref as kr
 from cortiq_drv.hybrid import mma
 from cortiq_drv.hybrid.mats import MatStore
@@ -52,21 +53,13 @@ def store(ctx, fx):
     s.close()
 
 
-def put3(x):
-    """Host put3: the three bf16 planes (bit patterns) of f32 x."""
-    hi = f16.to_bf16(x)
-    r = x - f16.from_bf16(hi)
-    mid = f16.to_bf16(r)
-    return hi, mid, f16.to_bf16(r - f16.from_bf16(mid))
-
-
 def planes(ctx, x, bufs, stride=None):
     """x [n, cols] f32 as uploaded planes with `stride` elements a row (room for 16 rows), each
     row's columns in fragment order."""
     n, cols = x.shape
     stride = stride or cols
     out = []
-    for plane in put3(x):
+    for plane in kr.put3(x):
         a = np.zeros((mma.NMAX, stride), dtype=np.uint16)
         a[:n, kr.plane_cols(cols)] = plane
         out.append(Buf.from_array(ctx, a))
@@ -192,7 +185,7 @@ def test_pair_epilogue(ctx, fx, store, bufs, var):
         hi = f16.from_bf16(p0.to_host(np.uint16, (16, stride))[:n, kr.plane_cols(inter)]).astype(np.float64)
         lo = f16.from_bf16(p1.to_host(np.uint16, (16, stride))[:n, kr.plane_cols(inter)]).astype(np.float64)
         a, b = x.astype(np.float64) @ wg.T, x.astype(np.float64) @ wu.T
-        worst = max(worst, rel_rms(hi + 2 * lo, a * np.exp(-np.logaddexp(0, -a)) * b))
+        worst = max(worst, rel_rms(hi + 2 * lo, silu(a) * b))
     assert worst <= 2e-5, f"pair {var}: relative RMS {worst:.3g}"
 
 
@@ -268,7 +261,7 @@ def test_many_items_rows_bit_for_bit(ctx, fx, store, bufs, ks, pair):
     if pair:
         hi, lo = (f16.from_bf16(ones[:, k]).astype(np.float64) for k in (0, 1))
         a, b = xd @ wg.T, xd @ wu.T
-        err, tol = rel_rms(hi + 2 * lo, a * np.exp(-np.logaddexp(0, -a)) * b), 2e-5
+        err, tol = rel_rms(hi + 2 * lo, silu(a) * b), 2e-5
     else:
         err, tol = rel_rms(ones, xd @ w.T), 2e-6
     assert err <= tol, f"relative RMS {err:.3g}"
@@ -337,7 +330,7 @@ def test_split_is_put3(ctx, fx, bufs):
     for b in pb:
         b.memset(0)
     mma.split(ctx, fx, mma.Planes(pb[0].ptr, pb[1].ptr, pb[2].ptr, os_), xb, xs, cols, n)
-    for got, want in zip(pb, put3(x[:, :cols])):
+    for got, want in zip(pb, kr.put3(x[:, :cols])):
         g = got.to_host(np.uint16, (n, os_))
         assert g[:, kr.plane_cols(cols)].tobytes() == want.tobytes()
         assert (g[:, cols:] == 0).all()
@@ -358,13 +351,13 @@ def test_rmsnorm2(ctx, fx, bufs, gemma):
     ref = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + 1e-6) * ((1 + w) if gemma else w)
     y = xf.to_host(np.float32, (n, hidden))
     assert rel_rms(y, ref) <= 1e-6
-    for got, want in zip(pb, put3(y)):
+    for got, want in zip(pb, kr.put3(y)):
         assert got.to_host(np.uint16, (n, ps))[:, kr.plane_cols(hidden)].tobytes() == want.tobytes()
     # without the f32 output the planes are the same
     for b in pb:
         b.memset(0)
     mma.rmsnorm2(ctx, fx, xb, wb, None, hidden, 1e-6, gemma, p, n)
-    for got, want in zip(pb, put3(y)):
+    for got, want in zip(pb, kr.put3(y)):
         assert got.to_host(np.uint16, (n, ps))[:, kr.plane_cols(hidden)].tobytes() == want.tobytes()
 
 

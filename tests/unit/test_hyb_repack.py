@@ -252,12 +252,11 @@ def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds():
 
     ctx = _fakecard.FakeCtx()
     fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
-    p = mma.Planes(0x10000, 0x20000, 0x30000, 4096)
     rounds = {ki: (fx.grid_cap[0][1][ki], fx.grid_cap[1][1][ki]) for ki in (0, 1)}
     for rows, ks in ((4096, 16), (14336, 8), (24576, 8)):
         ms = mma.MmaSet(ctx, [mma.JobSpec(Wide(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
         nt = int(mma_rules.fewer_waves(ms.blocks[1], *rounds[int(ks == 16)]))
-        assert [ms.choice(fx, p, n) for n in (1, 2, 9)] == [(nt, 2, ks, False, False)] * 2 + [
+        assert [ms.choice(fx, n) for n in (1, 2, 9)] == [(nt, 2, ks, False, False)] * 2 + [
             (2, 2, ks, False, False)]
 
 
@@ -281,7 +280,6 @@ def test_multi_row_calls_at_ks8_take_hy_mmr_where_its_grid_takes_them_in_one_wav
 
     ctx = _fakecard.FakeCtx()
     fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
-    p = mma.Planes(0x10000, 0x20000, 0x30000, 4096)
     cap_mmp = fx.grid_cap[1][1][0]
     assert [fx.mmr_cap[c][1] for c in (0, 1)] == [fx.mmr_cap[0][1]] * 2 and fx.mmr_cap[0][1] > cap_mmp
     # a KS 8 set (10 240 rows or more) of one matrix has 320 items or more at TB 2: more than
@@ -292,10 +290,10 @@ def test_multi_row_calls_at_ks8_take_hy_mmr_where_its_grid_takes_them_in_one_wav
         ms = mma.MmaSet(ctx, [mma.JobSpec(Wide(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
         assert ms.variant(3) == (1, 2, 8) and ms.blocks[1] == items
         lean = cap_mmp < items <= fx.mmr_cap[0][1]
-        assert [ms.choice(fx, p, n) for n in (3, 5, 6, 8)] == [(1, 2, 8, False, lean)] * 4, items
-        assert ms.choice(fx, p, 9) == (2, 2, 8, False, False)
+        assert [ms.choice(fx, n) for n in (3, 5, 6, 8)] == [(1, 2, 8, False, lean)] * 4, items
+        assert ms.choice(fx, 9) == (2, 2, 8, False, False)
     small = mma.MmaSet(ctx, [mma.JobSpec(Wide(4096, 0x1000), 0xA000, 0, 4096, 4096)], mma.KIND_Q4TP)
-    assert small.choice(fx, p, 4) == (1, 2, 16, False, False)  # KS 16: no hy_mmr
+    assert small.choice(fx, 4) == (1, 2, 16, False, False)  # KS 16: no hy_mmr
 
 
 def test_one_row_calls_stage_their_columns_where_it_pays():
