@@ -19,7 +19,7 @@ import numpy as np
 from cortiq_drv.cu import Buf
 from cortiq_drv.cu.args import dev_ptr, kargs
 from cortiq_drv.errors import CortiqError
-from cortiq_drv.hybrid.mma_rules import fewer_waves, one_wave, set_rules, stages_b
+from cortiq_drv.hybrid.mma_rules import evens_tiles, fewer_waves, one_wave, set_rules, stages_b
 
 # Rows of the small path (the reference's NMAX).
 NMAX = 16
@@ -280,18 +280,21 @@ class MmaSet:
         return variant(n, self.ks16, self.tb1)
 
     def choice(self, fx, n: int) -> tuple[int, int, int, bool, bool]:
-        """(NT, TB, KS, staged, lean) of `run`'s call: `variant`; at one row hy_mmvs where `stages`
-        says, else (one or two rows) hy_mmp_1 instead of hy_mmv where `fewer_waves` does; at 3..8
-        rows and KS 8, hy_mmr (lean) where `one_wave` says (the rules: mma_rules)."""
+        """(NT, TB, KS, staged, lean) of `run`'s call: `variant`; at one or two rows TB 1 where
+        `evens_tiles` says, then at one row hy_mmvs where `stages` says, else hy_mmp_1 instead of
+        hy_mmv where `fewer_waves` does; at 3..8 rows and KS 8, hy_mmr (lean) where `one_wave`
+        says (the rules: mma_rules)."""
         nt, tb, ks = self.variant(n)
         if mmr_fits(nt, ks, n):
             lean = one_wave(self.blocks[tb - 1], fx.grid_cap[1][tb - 1][0], fx.mmr_cap[mmr_ntc(n) - 2][tb - 1])
             return nt, tb, ks, False, lean
         if nt:
             return nt, tb, ks, False, False
+        ki = int(ks == 16)
+        if tb == 2 and evens_tiles(self.blocks[1], self.blocks[0], fx.sm_count, fx.grid_cap[0][0][ki]):
+            tb = 1
         if self.stages(fx, n, tb, ks):
             return nt, tb, ks, True, False
-        ki = int(ks == 16)
         if fewer_waves(self.blocks[tb - 1], fx.grid_cap[0][tb - 1][ki], fx.grid_cap[1][tb - 1][ki]):
             nt = 1
         return nt, tb, ks, False, False

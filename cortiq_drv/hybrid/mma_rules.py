@@ -1,34 +1,52 @@
 """The measured rules by which a set of q4tp matrices (`mma.MmaSet`) picks its launches: the
 reference's `mmaset_kind_` rules (`set_rules`: KS and TB of a set), and the choices made here on
-top of them for one- and two-row calls (`stages_b`: a one-row call's columns staged in shared
-memory; `fewer_waves`: hy_mmp_1 for hy_mmv) and for 3..8-row calls (`one_wave`: hy_mmr for hy_mmp_1). Only `set_rules`'
-KS changes a row's bits; every other choice runs the same sums. Each rule gives the H200
-measurements it rests on.
+top of them for one- and two-row calls (`evens_tiles`: one tile a block; `stages_b`: a one-row
+call's columns staged in shared memory; `fewer_waves`: hy_mmp_1 for hy_mmv) and for 3..8-row
+calls (`one_wave`: hy_mmr for hy_mmp_1). Only `set_rules`' KS changes a row's bits; every other
+choice runs the same sums. Each rule gives the H200 measurements it rests on.
 """
 
 from __future__ import annotations
 
 # Rows of a set from which its tiles are split over 8 warps, not 16 (`set_rules`).
-KS16_ROWS = 10240
+KS16_ROWS = 5120
 
 
 def set_rules(rows: list[int]) -> tuple[bool, bool]:
     """(ks16, tb1) of a launch over matrices of these row counts (`mmaset_kind_`): ks16: 16 warps
     a tile (KS 16) while the set has fewer than KS16_ROWS rows in all, 8 from there. The
-    reference's 3090 rule takes the largest matrix, under 16 384 rows; on the H200 at one row
-    (`bench_kernels --models 9B --rows 1 --variants all`) KS 16 wins on the 9B down (11.96 against
-    14.55 us, staged) and o (6.59 against 7.93 us) and on q alone (8192 rows: 9.59 against
-    10.28 us), KS 8 on the attention q + k + v set of 10 240 rows (10.55 against 12.69 us; at 16
-    rows 74.9 against 67.8 us) and on the GDN qkv + z set of 12 288 (11.57 against 15.81 us;
-    earlier at 16 rows 79 against 68 us): one-row decode is the common call. tb1: one tile a
-    block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes the arithmetic, and
-    it depends on the matrices alone.
+    reference's 3090 rule takes the largest matrix, under 16 384 rows. On the H200
+    (`bench_kernels --models 9B,27B --rows 1 --variants all`, session 15; 2..16 rows: session 14),
+    us at 1 / 2 / 8 / 16 rows, each KS's best TB, KS 8 against KS 16: the 9B sets of 4096 rows
+    lose, o (and GDN out) 6.02 / 6.06 / 8.72 / 17.05 against 5.75 / 5.78 / 8.00 / 12.98, down
+    12.17 / 12.37 / 19.89 / 46.71 against 11.37 / 12.75 / 16.52 / 32.91; the 27B sets of 5120
+    rows win, o (and GDN out) 8.98 / 9.13 / 15.67 / 27.8 against 10.06 / 10.11 / 17.72 / 29.84,
+    down 21.56 / 23.13 / 40.07 against 25.16 / 26.21 / 41.92 (at 16 rows it loses, 106.9 against
+    77.8: one-row decode is the common call), and so do the sets of 10 240 rows and more (9B
+    attention q + k + v 10.36 against 12.11 at one row, though 38.91 against 35.22 at 16). tb1:
+    one tile a block when every matrix is short (K/V, <= 2048 rows). Only ks16 changes the
+    arithmetic, and it depends on the matrices alone.
 
     The reference's third rule, tb1_n1 (one tile a block for one-row calls of 12 288 rows or
     more, against a launch's tail), is not kept: hy_mmp's grid walks its work items, so there is
-    no tail to save, and on the H200 TB 1 lost at one row (9B gate/up 55.0 against 45.5 us, head
-    473 against 372 us)."""
+    no tail to save, and on the H200 TB 1 loses there at one row (9B gate/up 24.0 against 20.9
+    us, head 200.7 against 177.9). `evens_tiles` takes TB 1 where it does pay."""
     return sum(rows) < KS16_ROWS, max(rows) <= 2048
+
+
+def evens_tiles(items2: int, items1: int, sms: int, cap1: int) -> bool:
+    """Whether a one- or two-row call takes one tile a block (TB 1) where `set_rules` gives two
+    (the same sums): TB 2's `items2` work items are more than the card's `sms`, so some SMs walk
+    two while others walk one, and TB 1's `items1`, twice as many at half the work, all run at
+    once on hy_mmv_1's grid (`cap1` blocks resident on the card). H200, `bench_kernels --models
+    9B,27B --rows 1 --variants all` (session 15; two rows: session 14), us at one / two rows, TB 1
+    against TB 2 at the set's KS: the 27B o and GDN out (160 items against 132 SMs) 8.98 / 9.13
+    against 10.62 / 10.64, down 21.56 / 23.13 against 26.39 / 26.36; where TB 1 has more items
+    than its grid, TB 2 wins: 9B attention in (320 items) 11.96 / 12.04 against 10.36 / 10.45,
+    27B attention in (448) 18.29 / 19.37 against 17.36 / 17.49, 9B gate/up (768) 24.03 / 25.16
+    against 20.94 / 20.81; with no more items than SMs it is even: 9B o at KS 8 (128 items) 6.02
+    against 6.19."""
+    return sms < items2 and items1 <= cap1
 
 
 # Groups each block must walk for a one-row call to stage its columns (`stages_b`). H200, 9B

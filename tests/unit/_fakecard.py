@@ -164,8 +164,11 @@ class FakeEvent:
 
 
 class FakeFunc:
-    """A kernel: its name and the registers a thread ptxas gives it on sm_90 (hy_mmp_*: 128,
-    hy_mmr_*: 80, under their launch bounds; 64 for the others)."""
+    """A kernel: its name and the registers a thread ptxas gives it on sm_90 under its launch
+    bounds (`REGS`; 64 for the kernels not listed), so the grid caps are the card's."""
+
+    REGS = {"hy_mmp_": 128, "hy_mmr_": 80, "hy_mmv_1_8": 80, "hy_mmv_2_8": 80, "hy_mmvs_1_8": 80,
+            "hy_mmvs_2_8": 80, "hy_mmvs_1_16": 72, "hy_mmvs_2_16": 95}
 
     def __init__(self, name: str):
         self.name = name
@@ -174,7 +177,7 @@ class FakeFunc:
         pass
 
     def attr(self, name: str) -> int:
-        regs = 128 if self.name.startswith("hy_mmp_") else 80 if self.name.startswith("hy_mmr_") else 64
+        regs = next((r for k, r in self.REGS.items() if self.name.startswith(k)), 64)
         return {"NUM_REGS": regs}.get(name, 0)
 
 

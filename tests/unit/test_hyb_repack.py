@@ -124,15 +124,16 @@ def test_mmaset_rules():
     assert mma_rules.set_rules([1024, 1024]) == (True, True)
     # a 9B gate/up pair: KS 8, two tiles a block
     assert mma_rules.set_rules([24576]) == (False, False)
-    assert mma_rules.set_rules([8192]) == (True, False)
-    # the rows of the whole set count: a 9B attention q + k + v (exactly at the edge) and its GDN
-    # qkv + z set (the plan's: a and b are f32, hy_gdn_front's) go to KS 8
+    # the 9B o, GDN out and down (4096 rows): KS 16; the 27B's (5120): KS 8
+    assert mma_rules.set_rules([4096]) == (True, False)
+    assert mma_rules.set_rules([5119]) == (True, False)
+    assert mma_rules.set_rules([5120]) == (False, False)
+    # the rows of the whole set count: a 9B attention q + k + v and its GDN qkv + z set (the
+    # plan's: a and b are f32, hy_gdn_front's) go to KS 8, and so does a set at the edge
     assert mma_rules.set_rules([8192, 1024, 1024]) == (False, False)
-    assert mma_rules.set_rules([8192, 1024, 1023]) == (True, False)
     assert mma_rules.set_rules([8192, 4096]) == (False, False)
-    assert mma_rules.set_rules([8192, 4096, 32, 32]) == (False, False)
-    assert mma_rules.set_rules([10239]) == (True, False)
-    assert mma_rules.set_rules([10240]) == (False, False)
+    assert mma_rules.set_rules([4096, 1024]) == (False, False)
+    assert mma_rules.set_rules([4096, 1023]) == (True, False)
     assert mma_rules.set_rules([2048, 2049]) == (True, False)
     assert mma.variant(1, True, False) == (0, 2, 16)
     assert mma.variant(2, False, True) == (0, 1, 8)
@@ -258,6 +259,36 @@ def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds():
         nt = int(mma_rules.fewer_waves(ms.blocks[1], *rounds[int(ks == 16)]))
         assert [ms.choice(fx, n) for n in (1, 2, 9)] == [(nt, 2, ks, False, False)] * 2 + [
             (2, 2, ks, False, False)]
+
+
+def test_few_row_calls_take_one_tile_a_block_where_it_evens_the_sms():
+    """evens_tiles on the shapes it was measured on (132 SMs; hy_mmv_1 blocks resident: KS 8 396,
+    KS 16 264), and `choice` on a fake card: one and two rows of the 27B o / GDN out / down
+    (5120 rows: 160 items at TB 2) take TB 1 at the set's KS; sets with no more TB 2 items than
+    SMs, or more TB 1 items than hy_mmv_1's grid, keep TB 2, and three rows and more do."""
+    import _fakecard
+
+    assert mma_rules.evens_tiles(160, 320, 132, 396)  # 27B o, GDN out, down
+    assert not mma_rules.evens_tiles(128, 256, 132, 396)  # 9B o: one item an SM already
+    assert not mma_rules.evens_tiles(320, 640, 132, 396)  # 9B attention in
+    assert not mma_rules.evens_tiles(448, 896, 132, 396)  # 27B attention in
+    assert not mma_rules.evens_tiles(768, 1536, 132, 396)  # 9B gate/up
+
+    class Mat(_Mat):
+        cols = 6144
+
+    ctx = _fakecard.FakeCtx()
+    fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
+    assert fx.sm_count == 132 and [fx.grid_cap[0][0][ki] for ki in (0, 1)] == [396, 264]
+    # 4400 rows: 138 items at TB 2, but KS 16 and 275 at TB 1, more than hy_mmv_1_16's grid
+    for rows, tbs in ((5120, (1, 1, 2)), (4096, (2, 2, 2)), (4400, (2, 2, 2)), (14336, (2, 2, 2))):
+        ms = mma.MmaSet(ctx, [mma.JobSpec(Mat(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
+        ks = 16 if ms.ks16 else 8
+        got = [ms.choice(fx, n) for n in (1, 2, 3)]
+        assert [c[1] for c in got] == list(tbs) and all(c[2] == ks for c in got), (rows, got)
+    # the 27B's: hy_mmv_1_8, its columns not staged (fewer_waves and stages_b see TB 1's items)
+    ms = mma.MmaSet(ctx, [mma.JobSpec(Mat(5120, 0x1000), 0xA000, 0, 5120, 5120)], mma.KIND_Q4TP)
+    assert [ms.choice(fx, n) for n in (1, 2)] == [(0, 1, 8, False, False)] * 2
 
 
 def test_multi_row_calls_at_ks8_take_hy_mmr_where_its_grid_takes_them_in_one_wave():
