@@ -15,7 +15,7 @@ included, as in a decode step's graph). `--variants all` times every (TB, KS) ch
 (at one and two rows hy_mmv, staged or not where the columns fit, and hy_mmp_1; at 3..8 rows and
 KS 8 hy_mmr beside hy_mmp_1; variant "NT_TB_KS", an "s" for hy_mmvs, an "r" for hy_mmr);
 `--define` compiles the kernels with tuning macros (HY_MV_STAGES, HY_RUN_STAGES, HY_MB_*, HY_MV_MB_*,
-HY_MVS_MB_*, HY_MR_MB) for a sweep. Only hyb.cu's weight-side pieces are compiled
+HY_MVS_MB_*, HY_MR_MB, HY_MMP_WH, HY_MMR_WH) for a sweep. Only hyb.cu's weight-side pieces are compiled
 (mma.weight_side_source).
 """
 
