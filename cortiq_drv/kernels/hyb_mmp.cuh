@@ -2,13 +2,17 @@
 // running hy_mmp_run (hyb_mmp_core.cuh) as its launch's shape asks; all give the same sums in the
 // same order for one KS.
 
-// The most n-tiles at which hy_mmp's and hy_mmr's KS 8 calls run whole stages without per-group
+// The most n-tiles at which hy_mmp_1's and hy_mmr's calls run whole stages without per-group
 // exits (hy_mmp_run's WH): the units of a stage interleave, at hy_mmp's 128 registers a thread
 // up to three n-tiles, at hy_mmr's 80 up to two. H200, `bench_kernels --models 9B,27B --rows
-// 3,4,8,12,16` (session 15), us at 4 / 8 rows, WH 3 against 1: 9B gate/up 25.8 / 33.2 against
-// 28.0 / 34.1, 9B head 230.3 / 305.5 against 239.1 / 318.6, 27B gate/up 45.6 / 59.5 against
-// 52.8 / 66.0, 27B attention in 19.8 / 26.2 against 21.6 / 26.9; hy_mmr at 3 n-tiles loses (9B
-// attention in at 8 rows 21.9 against 18.6 us), at 2 it gains (27B q at 4 rows 17.3 / 17.6).
+// 3,4,8,12,16` (session 15), us at 4 / 8 rows, WH 3 against 1 at KS 8: 9B gate/up 25.8 / 33.2
+// against 28.0 / 34.1, 9B head 230.3 / 305.5 against 239.1 / 318.6, 27B gate/up 45.6 / 59.5
+// against 52.8 / 66.0, 27B attention in 19.8 / 26.2 against 21.6 / 26.9; hy_mmr at 3 n-tiles
+// loses (9B attention in at 8 rows 21.9 against 18.6 us), at 2 it gains (27B q at 4 rows 17.3 /
+// 17.6). At KS 16 (hy_mmp_1 only until then), us at 1 / 3 / 8 rows, whole against not: 9B o 5.65
+// / 6.55 / 7.88 against 5.73 / 6.92 / 8.02, 9B down (2 rows: 12.22 against 12.77) 13.93 / 15.73
+// at 3 / 8 against 15.06 / 16.54. hy_mmv takes them at KS 8 (one n-tile; under hy_mmv_16's
+// register cap they spill: 9B gate/up at one row 24.2 against 23.5 us, down 16.1 against 15.3).
 #ifndef HY_MMP_WH
 #define HY_MMP_WH 3
 #endif
@@ -76,9 +80,9 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
     const int total = hy_items<TB>(jobs, nj, KS * HY_RUN_STAGES * HY_STAGE, p0, p1, p2, xs, n);
     if ((int)blockIdx.x >= total) return;
     const int ntc = hy_ntc(n);
-    // (hy_mmp_2 runs 9..16 rows, 4..6 n-tiles, so its whole stages stay at one: the paths it has
-    // for fewer only serve tests, and a wider WH there grows the stack of its own)
-    constexpr int WH = NT == 1 ? HY_MMP_WH : 1;
+    // (hy_mmp_2 runs 9..16 rows, 4..6 n-tiles, so none: the paths it has for fewer serve tests
+    // alone, and whole stages there only grow its stack)
+    constexpr int WH = NT == 1 ? HY_MMP_WH : 0;
     switch (ntc) {
     case 1: hy_mmp_run<NC, 1, TB, KS, HY_RUN_STAGES, WH>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
     case 2: hy_mmp_run<NC, 2, TB, KS, HY_RUN_STAGES, WH>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
@@ -115,7 +119,7 @@ __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0
     const int sb = SB ? 3 * n * hy_sb_stride(cols >> 5) : 0;
     const int total = hy_items<TB>(jobs, nj, KS * HY_MV_STAGES * HY_STAGE + sb, p0, p1, p2, xs, n);
     if ((int)blockIdx.x >= total) return;
-    hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, 1, SB>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
+    hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, KS == 8 ? 1 : 0, SB>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
 }
 
 // hy_mmr_{NTC}_{TB}_8: hy_mmp_1_{TB}_8's hy_mmp_run alone, for calls that fill NTC n-tiles (2:

@@ -102,8 +102,8 @@ __device__ __forceinline__ void hy_ldb(u32 (*b)[4], const uint4* const* bq, int 
 __device__ __forceinline__ int hy_sb_stride(int gpr) { return gpr * 64 + ((64 - gpr * 64) & 127); }
 
 // hy_mmp's work for calls whose columns fill NTC n-tiles (NTC = ceil(3 n / 8)), each warp's ring
-// S stages deep, at KS 8 whole stages without per-group exits when NTC <= WH (the register cap
-// the caller runs under decides what fits); see hy_mmp. The sums and their order depend on KS
+// S stages deep, whole stages without per-group exits when NTC <= WH (the register cap the caller
+// runs under decides what fits; 0: never); see hy_mmp. The sums and their order depend on KS
 // alone. With SB (one n-tile):
 // each warp first stages its own groups of the call's 3 n columns after the warps' rings (column
 // c at c hy_sb_stride(gpr)) and reads each group's B fragments there instead of from L2 (the
@@ -305,9 +305,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
                 }
             }
         };
-        // (at KS 8 only: under KS 16's register cap the split spills; H200, 9B one row: gate/up
-        // 23.5 against 24.2 us, down 16.1 against 15.3 at KS 16)
-        const int nwhole = NTC <= WH && KS == 8 ? ng / GS : 0;
+        const int nwhole = NTC <= WH ? ng / GS : 0;
         for (int i = 0; i < nwhole; ++i) stage(i, true);
         for (int i = nwhole; i < nst; ++i) stage(i, false);
         // this item's outputs; then the next item's first stages and ladders go out before the
