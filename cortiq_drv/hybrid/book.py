@@ -18,6 +18,8 @@ from cortiq_drv.hybrid.state import NMAX
 
 # Key blocks the attention grid covers: every count `attn_rb` allows (keys / rb <= 128).
 ATTN_NBLK = 129
+# Blocks an SM a call's attention grid holds at least (`attn_grid`).
+ATTN_FILL = 4
 # The attention scratch grows by this many keys a head at a time.
 KEY_STEP = 4096
 
@@ -26,6 +28,17 @@ def attn_rb(keys: int) -> int:
     """Keys a block of the decode attention takes for `keys` keys: 64 up to 8192 keys, so a
     window's rows split their keys as their one-row steps do there."""
     return 64 * max(-(-keys // 8192), 1)
+
+
+def attn_grid(nkv: int, n: int, sms: int) -> int:
+    """Blocks along the keys of a call's hy_scores / hy_values grid (nkv, n the others; the kernels
+    walk key blocks x, x + grid, ...: any grid gives the same sums): ATTN_NBLK, a block for every
+    key block any record has, while the grid holds no more than ATTN_FILL blocks an SM of the
+    card's `sms`, fewer from there, so a window's rows do not multiply the blocks past their keys
+    (each of which the card starts and retires). H200, 9B shape at 512 keys (`bench_decode
+    --breakdown`, session 15), us for the 8 layers, against a grid of ATTN_NBLK: 8-row window
+    scores 87.7 / values 64.5 against 176.1 / 213.8, 16-row 138.7 / 127.7 against 341.3 / 416.9."""
+    return max(1, min(ATTN_NBLK, -(-ATTN_FILL * sms // (nkv * n))))
 
 
 @dataclass

@@ -41,15 +41,16 @@ __device__ __forceinline__ void att_record(const int* ci, int& n0, int& rb, int&
     }
 }
 
-// PDL: whether block (b, g, r) of a call with the record's n0 and rb has keys (b * rb < n0 + r +
-// 1, r < n), and if so the first ATT_PF keys' mirror rows it will read (K for hy_scores, V for
-// hy_values) into L2 (pf_l2), before pdl_begin: enough to cover the first loads' latency, and few
-// enough (ATT_PF keys a block) that a long context's blocks together stay well inside L2. The
-// kernels return at once when it is false, so the grid's many blocks past the keys leave without
-// holding a slot while the kernel before runs.
+// PDL: whether key block b of row r = blockIdx.z, KV head g = blockIdx.y, of a call with the
+// record's n0 and rb has keys (b * rb < n0 + r + 1, r < n), and if so the first ATT_PF keys'
+// mirror rows it will read (K for hy_scores, V for hy_values) into L2 (pf_l2), before pdl_begin:
+// enough to cover the first loads' latency, and few enough (ATT_PF keys a block) that a long
+// context's blocks together stay well inside L2. The kernels return at once when it is false for
+// their first key block, so the grid's blocks past the keys leave without holding a slot while
+// the kernel before runs.
 #define ATT_PF 64
-__device__ __forceinline__ bool att_rows_pf(const f16* mp, int n0, int rb, int r0, int nkv, int n) {
-    const int r = blockIdx.z, g = blockIdx.y, t0 = (r0 + blockIdx.x) * rb;
+__device__ __forceinline__ bool att_rows_pf(const f16* mp, int n0, int rb, int b, int nkv, int n) {
+    const int r = blockIdx.z, g = blockIdx.y, t0 = b * rb;
     if (r >= n || t0 >= n0 + r + 1) return false;
     const int t1 = min(t0 + min(rb, ATT_PF), n0 + r + 1);
     constexpr int LPR = HD >= 64 ? HD / 64 : 1;  // 128-byte lines a row
@@ -136,21 +137,25 @@ extern "C" __global__ void hy_qk(const float* q, int qs, const float* k, const f
     }
 }
 
-// hy_scores: S[r][h][t] = scale * (qg[r][h] . k_t) for the keys t of block b = r0 + blockIdx.x of
-// row r = blockIdx.z, the HPK query heads h of KV head g = blockIdx.y; Mx[r][h][b] = their maximum.
-// One key a warp: lane l takes dims [l*HD/32, (l+1)*HD/32), a warp butterfly adds them.
+// The key blocks of the attention grid: block x walks key blocks r0 + x, r0 + x + gridDim.x, ...
+// while they hold keys of its row (so any grid covers every block from r0 on, and a block's sums
+// do not depend on the grid), each as one launch's block would alone.
+
+// hy_scores: S[r][h][t] = scale * (qg[r][h] . k_t) for the keys t of each key block b the block
+// walks, of row r = blockIdx.z, the HPK query heads h of KV head g = blockIdx.y; Mx[r][h][b] = their
+// maximum. One key a warp: lane l takes dims [l*HD/32, (l+1)*HD/32), a warp butterfly adds them.
 // Pointers: qg [n][nh][HD] f32; kp f16 mirror [rows][nkv][HD]; S, Mx scratch (header); ci or 0.
-// Grid (ATTN_NBLK, nkv, n): blocks past the row's keys leave (att_rows_pf). Block 256 threads.
-// r0: the first key block the grid stands for (0 on the small path).
+// Grid (any, nkv, n): blocks whose first key block is past the row's keys leave (att_rows_pf).
+// Block 256 threads. r0: the first key block the grid walks (0 on the small path).
 extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, float* Mx, int n0, int r0, int nkv,
                                      float scale, int rb, int ncap, int nbcap, int n, const int* ci) {
     int far = 0;
     att_record(ci, n0, rb, ncap, nbcap, far);
-    if (!att_rows_pf(kp, n0, rb, r0, nkv, n)) return;
+    if (!att_rows_pf(kp, n0, rb, r0 + blockIdx.x, nkv, n)) return;
     pdl_begin();
     __shared__ float qsm[HPK][HD];
     __shared__ float wm[8][HPK];
-    const int r = blockIdx.z, g = blockIdx.y, b = r0 + blockIdx.x;
+    const int r = blockIdx.z, g = blockIdx.y;
     const int nh = nkv * HPK;
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     const int E = HD / 32;
@@ -163,73 +168,76 @@ extern "C" __global__ void hy_scores(const float* qg, const f16* kp, float* S, f
     for (int i = 0; i < (QREG ? HPK : 0); ++i)
 #pragma unroll
         for (int e = 0; e < E; ++e) qr[i][e] = qrow[i * HD + l * E + e];
-    // this block has keys (att_rows_pf)
-    const int keys = n0 + r + 1, t0 = b * rb;
-    const int t1 = min(t0 + rb, keys);
     if (!QREG) {
         for (int x = threadIdx.x; x < HPK * HD; x += blockDim.x) qsm[x / HD][x % HD] = qrow[x];
         __syncthreads();
     }
-    float m[HPK];
+    const int keys = n0 + r + 1;
+    // the key blocks the block walks (the first has keys: att_rows_pf)
+    for (int b = r0 + blockIdx.x; b * rb < keys; b += gridDim.x) {
+        const int t0 = b * rb, t1 = min(t0 + rb, keys);
+        float m[HPK];
 #pragma unroll
-    for (int i = 0; i < HPK; ++i) m[i] = __int_as_float(0xff800000);
-    // the warp's keys t0 + w, t0 + w + 8, ... in order, SKB of them loaded before any is used
-    // (past the block's last key the load repeats that key, unused: no branch between the loads)
-    const int SKB = HPK * E <= 32 ? 8 : (HPK * E <= 64 ? 4 : 1);
-    for (int t = t0 + w; t < t1; t += 8 * SKB) {
-        float kf[SKB][E];
+        for (int i = 0; i < HPK; ++i) m[i] = __int_as_float(0xff800000);
+        // the warp's keys t0 + w, t0 + w + 8, ... in order, SKB of them loaded before any is used
+        // (past the block's last key the load repeats that key, unused: no branch between the loads)
+        const int SKB = HPK * E <= 32 ? 8 : (HPK * E <= 64 ? 4 : 1);
+        for (int t = t0 + w; t < t1; t += 8 * SKB) {
+            float kf[SKB][E];
 #pragma unroll
-        for (int u = 0; u < SKB; ++u) att_load_h(kp + ((size_t)min(t + 8 * u, t1 - 1) * nkv + g) * HD + l * E, kf[u]);
+            for (int u = 0; u < SKB; ++u)
+                att_load_h(kp + ((size_t)min(t + 8 * u, t1 - 1) * nkv + g) * HD + l * E, kf[u]);
 #pragma unroll
-        for (int u = 0; u < SKB; ++u) {
-            if (t + 8 * u >= t1) break;
+            for (int u = 0; u < SKB; ++u) {
+                if (t + 8 * u >= t1) break;
 #pragma unroll
-            for (int i = 0; i < HPK; ++i) {
-                float p = 0.0f;
+                for (int i = 0; i < HPK; ++i) {
+                    float p = 0.0f;
 #pragma unroll
-                for (int e = 0; e < E; ++e) p += (QREG ? qr[QREG ? i : 0][e] : qsm[i][l * E + e]) * kf[u][e];
-                const float s = warp_sum(p) * scale;
-                m[i] = fmaxf(m[i], s);
-                if (l == (i & 31)) S[((size_t)r * nh + g * HPK + i) * ncap + t + 8 * u] = s;
+                    for (int e = 0; e < E; ++e) p += (QREG ? qr[QREG ? i : 0][e] : qsm[i][l * E + e]) * kf[u][e];
+                    const float s = warp_sum(p) * scale;
+                    m[i] = fmaxf(m[i], s);
+                    if (l == (i & 31)) S[((size_t)r * nh + g * HPK + i) * ncap + t + 8 * u] = s;
+                }
             }
         }
-    }
-    if (l == 0) {
+        if (l == 0) {
 #pragma unroll
-        for (int i = 0; i < HPK; ++i) wm[w][i] = m[i];
-    }
-    __syncthreads();
-    if (threadIdx.x < HPK) {
-        float mm = wm[0][threadIdx.x];
-        for (int x = 1; x < 8; ++x) mm = fmaxf(mm, wm[x][threadIdx.x]);
-        Mx[((size_t)r * nh + g * HPK + threadIdx.x) * nbcap + b] = mm;
+            for (int i = 0; i < HPK; ++i) wm[w][i] = m[i];
+        }
+        __syncthreads();
+        if (threadIdx.x < HPK) {
+            float mm = wm[0][threadIdx.x];
+            for (int x = 1; x < 8; ++x) mm = fmaxf(mm, wm[x][threadIdx.x]);
+            Mx[((size_t)r * nh + g * HPK + threadIdx.x) * nbcap + b] = mm;
+        }
+        __syncthreads();  // wm read before the next key block writes it
     }
 }
 
-// hy_values: for block b = r0 + blockIdx.x of row r = blockIdx.z, KV head g = blockIdx.y, each of
-// its HPK heads h: M = max over the row's blocks of Mx (and the far block when the record says),
-// P[r][b][h][d] = sum_t exp(S[r][h][t] - M) v_t[d], E[r][b][h] = sum_t exp(S[r][h][t] - M), keys
-// in ascending order, each sum by one thread. Keys go through shared memory 64 at a time (their
-// exp weights and their value rows).
+// hy_values: for each key block b the block walks, of row r = blockIdx.z, KV head g = blockIdx.y,
+// each of its HPK heads h: M = max over the row's blocks of Mx (and the far block when the record
+// says), P[r][b][h][d] = sum_t exp(S[r][h][t] - M) v_t[d], E[r][b][h] = sum_t exp(S[r][h][t] - M),
+// keys in ascending order, each sum by one thread. Keys go through shared memory 64 at a time
+// (their exp weights and their value rows).
 // Pointers: vp f16 mirror [rows][nkv][HD]; S, Mx in, P, E out (header); ci or 0.
-// Grid (ATTN_NBLK, nkv, n), block 256 threads. Assumes HD <= 256: 256 / HD threads share a dim,
-// each taking every (256 / HD)-th head.
+// Grid (any, nkv, n) as hy_scores', block 256 threads. Assumes HD <= 256: 256 / HD threads share
+// a dim, each taking every (256 / HD)-th head.
 extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16* vp, float* P, float* E, int n0, int r0,
                                      int nkv, int rb, int ncap, int nbcap, int n, const int* ci) {
     int far = 0;
     att_record(ci, n0, rb, ncap, nbcap, far);
-    if (!att_rows_pf(vp, n0, rb, r0, nkv, n)) return;
+    int b = r0 + blockIdx.x;
+    if (!att_rows_pf(vp, n0, rb, b, nkv, n)) return;
     pdl_begin();
     const int TPD = 256 / HD, NI = (HPK + TPD - 1) / TPD, VQ = (64 * HD / 8 + 255) / 256;
     __shared__ float pm[HPK][64];
     __shared__ __align__(16) u16 vs[64][HD];
     __shared__ float mx[HPK];
-    const int r = blockIdx.z, g = blockIdx.y, b = r0 + blockIdx.x, t = threadIdx.x;
-    // this block has keys (att_rows_pf)
+    const int r = blockIdx.z, g = blockIdx.y, t = threadIdx.x;
     const int keys = n0 + r + 1, nb = (keys + rb - 1) / rb;
     const int nh = nkv * HPK, d = t % HD, grp = t / HD;
     const float* srow = S + ((size_t)r * nh + g * HPK) * ncap;
-    const int t1 = min((b + 1) * rb, keys);
     constexpr int SQ = (HPK * 64 + 255) / 256;
     // a chunk's scores and value rows (16 bytes a load) into registers, all of a thread's loads
     // in flight together; the first chunk's go out with the block maxima's
@@ -247,7 +255,8 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
             if (tt < cn) vb[k] = *(const uint4*)(vp + ((size_t)(c0 + tt) * nkv + g) * HD + (x % (HD / 8)) * 8);
         }
     };
-    fetch(b * rb, min(64, t1 - b * rb));
+    // the first key block has keys (att_rows_pf)
+    fetch(b * rb, min(64, min((b + 1) * rb, keys) - b * rb));
     if (t < HPK) {
         const float* mrow = Mx + ((size_t)r * nh + g * HPK + t) * nbcap;
         float mm = mrow[0];
@@ -257,43 +266,46 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
         if (far) mm = fmaxf(mm, mrow[nbcap - 1]);
         mx[t] = mm;
     }
-    float acc[NI];
+    for (bool first = true; b * rb < keys; b += gridDim.x, first = false) {
+        const int t1 = min((b + 1) * rb, keys);
+        float acc[NI];
 #pragma unroll
-    for (int x = 0; x < NI; ++x) acc[x] = 0.0f;
-    float esum = 0.0f;
-    for (int c0 = b * rb; c0 < t1; c0 += 64) {
-        const int cn = min(64, t1 - c0);
-        if (c0 != b * rb) fetch(c0, cn);
-        __syncthreads();  // mx written; pm and vs free again
+        for (int x = 0; x < NI; ++x) acc[x] = 0.0f;
+        float esum = 0.0f;
+        for (int c0 = b * rb; c0 < t1; c0 += 64) {
+            const int cn = min(64, t1 - c0);
+            if (c0 != b * rb || !first) fetch(c0, cn);
+            __syncthreads();  // mx written; pm and vs free again
 #pragma unroll
-        for (int k = 0; k < SQ; ++k) {
-            const int x = t + k * 256, i = x / 64, tt = x % 64;
-            if (x < HPK * 64) pm[i][tt] = tt < cn ? expf(sv[k] - mx[i]) : 0.0f;
-        }
+            for (int k = 0; k < SQ; ++k) {
+                const int x = t + k * 256, i = x / 64, tt = x % 64;
+                if (x < HPK * 64) pm[i][tt] = tt < cn ? expf(sv[k] - mx[i]) : 0.0f;
+            }
 #pragma unroll
-        for (int k = 0; k < VQ; ++k) {
-            const int x = t + k * 256, tt = x / (HD / 8);
-            if (tt < cn) *(uint4*)&vs[tt][(x % (HD / 8)) * 8] = vb[k];
-        }
-        __syncthreads();
-        if (t < HPK)
-            for (int tt = 0; tt < cn; ++tt) esum += pm[t][tt];
-        if (grp < TPD) {
-            for (int tt = 0; tt < cn; ++tt) {
-                const float vv = f16_to_f32(vs[tt][d]);
+            for (int k = 0; k < VQ; ++k) {
+                const int x = t + k * 256, tt = x / (HD / 8);
+                if (tt < cn) *(uint4*)&vs[tt][(x % (HD / 8)) * 8] = vb[k];
+            }
+            __syncthreads();
+            if (t < HPK)
+                for (int tt = 0; tt < cn; ++tt) esum += pm[t][tt];
+            if (grp < TPD) {
+                for (int tt = 0; tt < cn; ++tt) {
+                    const float vv = f16_to_f32(vs[tt][d]);
 #pragma unroll
-                for (int x = 0; x < NI; ++x)
-                    if (grp + x * TPD < HPK) acc[x] += pm[grp + x * TPD][tt] * vv;
+                    for (int x = 0; x < NI; ++x)
+                        if (grp + x * TPD < HPK) acc[x] += pm[grp + x * TPD][tt] * vv;
+                }
             }
         }
-    }
-    const size_t pb = ((size_t)r * nbcap + b) * nh + g * HPK;
-    if (grp < TPD) {
+        const size_t pb = ((size_t)r * nbcap + b) * nh + g * HPK;
+        if (grp < TPD) {
 #pragma unroll
-        for (int x = 0; x < NI; ++x)
-            if (grp + x * TPD < HPK) P[(pb + grp + x * TPD) * HD + d] = acc[x];
+            for (int x = 0; x < NI; ++x)
+                if (grp + x * TPD < HPK) P[(pb + grp + x * TPD) * HD + d] = acc[x];
+        }
+        if (t < HPK) E[pb + t] = esum;
     }
-    if (t < HPK) E[pb + t] = esum;
 }
 
 // hy_finish: out[r][h][d] = (sum_b P[r][b][h][d]) / (sum_b E[r][b][h]) over the row's blocks in

@@ -366,13 +366,17 @@ def test_attention_window_rows_equal_one_row_steps(ctx, kern, dev, hpk, hd):
         assert row.tobytes() == win[i:i + 1].tobytes(), i
 
 
-def test_attention_grid_split_by_r0_gives_the_same_bytes(ctx, kern, dev):
+def test_attention_gives_the_same_bytes_on_any_grid(ctx, kern, dev):
+    """A grid of x blocks along the keys walks key blocks r0 + x, r0 + x + grid, ...: 193 keys
+    (four blocks of 64) on a block of its own each, one block walking all four, three (block 0
+    walks 0 and 3), five (one with none), and grids split at r0 give the same bytes."""
     hpk, hd, nkv, n0, n = 4, 256, 2, 190, 3
     qg, km, vm, _ = attn_case(3, n0, n, hpk, hd, nkv)
     args = (dev.put(qg), dev.put(km), dev.put(vm), None, 0.0625)
     whole = Attn(ctx, kern, dev, hpk, hd, nkv, n, record(n0, n)).core(*args)
-    split = Attn(ctx, kern, dev, hpk, hd, nkv, n, record(n0, n)).core(*args, blocks=[(b, 1) for b in range(4)])
-    assert whole.tobytes() == split.tobytes()
+    for blocks in ([(0, 1)], [(0, 3)], [(0, 5)], [(b, 1) for b in range(4)], [(2, 2), (0, 2)]):
+        got = Attn(ctx, kern, dev, hpk, hd, nkv, n, record(n0, n)).core(*args, blocks=blocks)
+        assert got.tobytes() == whole.tobytes(), blocks
 
 
 def test_attention_far_block_joins_the_sums(ctx, kern, dev):

@@ -14,7 +14,7 @@ from cortiq_drv.errors import CortiqError
 from cortiq_drv.graph import GraphAttn
 from cortiq_drv.hybrid import spec
 from cortiq_drv.hybrid.admit import admit
-from cortiq_drv.hybrid.book import ATTN_NBLK, attn_rb, book, record, scratch_sizes
+from cortiq_drv.hybrid.book import ATTN_FILL, ATTN_NBLK, attn_grid, attn_rb, book, record, scratch_sizes
 from cortiq_drv.hybrid.plan import plan_for
 
 CDIM = 2 * 2 * 128 + 4 * 128
@@ -55,6 +55,16 @@ def test_attn_rb_and_records():
     s = scratch_sizes(4, 32, 5, 64, None)
     assert s["hy_S"] == 16 * 4 * 4096 * 4 and s["hy_P"] == 16 * 64 * 4 * 32 * 4
     assert scratch_sizes(4, 32, 5, 64, 20_000)["hy_S"] == 16 * 4 * 20480 * 4
+
+
+def test_attn_grid_fills_the_card_and_no_more():
+    """ATTN_NBLK blocks along the keys for one-row steps (9B / 27B: 4 KV heads, 132 SMs), fewer
+    for windows, never fewer than ATTN_FILL blocks an SM nor than one."""
+    assert [attn_grid(4, n, 132) for n in (1, 2, 4, 8, 16)] == [129, 66, 33, 17, 9]
+    assert attn_grid(1, 1, 132) == ATTN_NBLK and attn_grid(64, 16, 8) == 1
+    for nkv, n, sms in ((4, 8, 132), (2, 3, 108), (8, 16, 132)):
+        g = attn_grid(nkv, n, sms)
+        assert g * nkv * n >= min(ATTN_FILL * sms, ATTN_NBLK * nkv * n) and (g - 1) * nkv * n < ATTN_FILL * sms
 
 
 def test_fresh_sequence_admit_and_book(hyb_tiny):
