@@ -169,15 +169,28 @@ __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, cons
 #pragma unroll
         for (int i = 0; i < 32; ++i) save[base + (size_t)i * dv] = s[i];
     }
-    for (int r = 0; r < n; ++r) {
+    // row r's inputs (k and q by the first DK threads, decay, beta and v by every thread) into
+    // registers a row ahead, so their loads wait behind the row before instead of in front of it
+    float kx = 0.0f, qx = 0.0f, dx = 0.0f, bx = 0.0f, vx = 0.0f;
+    auto fetch = [&](int r) {
         const float* row = cq + (size_t)r * cdim;
+        if (threadIdx.x < DK) {
+            kx = row[nk * DK + hk * DK + t];
+            qx = row[hk * DK + t];
+        }
+        dx = gb[(size_t)r * 2 * nv + h];
+        bx = gb[(size_t)r * 2 * nv + nv + h];
+        vx = row[2 * nk * DK + h * dv + j];
+    };
+    if (n > 0) fetch(0);
+    for (int r = 0; r < n; ++r) {
         float(*kb)[DK] = kq[r & 1];
         if (threadIdx.x < DK) {
-            kb[0][t] = row[nk * DK + hk * DK + t];
-            kb[1][t] = row[hk * DK + t];
+            kb[0][t] = kx;
+            kb[1][t] = qx;
         }
-        const float decay = gb[(size_t)r * 2 * nv + h], beta = gb[(size_t)r * 2 * nv + nv + h];
-        const float v = row[2 * nk * DK + h * dv + j];
+        const float decay = dx, beta = bx, v = vx;
+        if (r + 1 < n) fetch(r + 1);
         __syncthreads();
         float p = 0.0f;
 #pragma unroll
@@ -319,12 +332,12 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
 // same bits as the two. Blocks x < nv: head x's dv columns (group c of 128 threads takes columns
 // 32c .. 32c + 31, as hy_gdn_scan4's block x * dv / 32 + c does), S updated in place, o written, the
 // tape's state copy when save != 0; then the head's gated RMSNorm of each row as hy_gdn_out32 takes
-// it (dv threads a row, blockDim / dv rows at a time). Blocks x >= nv (ceil(cdim / blockDim) of them,
+// it (dv threads a row, four rows at a time). Blocks x >= nv (ceil(cdim / blockDim) of them,
 // only when kk > 1) move the conv ring.
 // Pointers: hy_gdn_scan4's (cq .. save), then hy_gdn_out32's (z .. ps; o is the scan's).
-// The norm reads the head's o from shared memory (gdn_cols4's osm), and each thread's first row's
-// gate input and its norm weight are loaded before the scan, so neither costs a memory latency
-// after it.
+// The norm reads the head's o from shared memory (gdn_cols4's osm), and each thread's gate inputs
+// (rows rr, rr + 4, ...) and its norm weight are loaded before the scan, so none costs a memory
+// latency after it.
 // Grid (nv + ring blocks, 1), block 4 * dv threads. Assumes dv % 32 == 0, dv <= 128, nv % nk == 0;
 // traps when n > HY_NMAX.
 // PDL: the head's state lines (128 dv floats) go to L2 (pf_l2) before pdl_begin.
@@ -345,19 +358,25 @@ extern "C" __global__ void __launch_bounds__(512)
         if (ring) gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nv) * blockDim.x + threadIdx.x);
         return;
     }
-    const int h = blockIdx.x, j = threadIdx.x % dv, rr = threadIdx.x / dv, per = blockDim.x / dv;
+    // four rows at a time (block 4 dv): this thread's rows rr, rr + 4, ...
+    const int h = blockIdx.x, j = threadIdx.x % dv, rr = threadIdx.x / dv;
     const float wn = gemma ? 1.0f + norm[j] : norm[j];
-    const float z0 = rr < n ? z[(size_t)rr * zs + h * dv + j] : 0.0f;
+    float zr[HY_NMAX / 4];
+#pragma unroll
+    for (int k = 0; k < HY_NMAX / 4; ++k) {
+        const int r = rr + 4 * k;
+        zr[k] = r < n ? z[(size_t)r * zs + h * dv + j] : 0.0f;
+    }
     gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, h * (dv / 32), osm);
     __syncthreads();  // the head's o rows, written by the block
-    for (int r0 = 0; r0 < n; r0 += per) {
-        const int r = r0 + rr;
+#pragma unroll
+    for (int k = 0; k < HY_NMAX / 4; ++k) {
+        if (4 * k >= n) break;
+        const int r = 4 * k + rr;
         const float x = r < n ? osm[r * dv + j] : 0.0f;
         // the row's sum over its dv threads (warps rr dv / 32 ..)
         const float ss = seg_sum(x * x, ored, rr * (dv / 32), dv / 32);
-        if (r >= n) continue;
-        const float zz = r0 == 0 ? z0 : z[(size_t)r * zs + h * dv + j];
-        gdn_norm_put(x, ss / (float)dv, zz, wn, r, h, j, of, nv, dv, eps, sig, p0, p1, p2, ps);
+        if (r < n) gdn_norm_put(x, ss / (float)dv, zr[k], wn, r, h, j, of, nv, dv, eps, sig, p0, p1, p2, ps);
     }
 }
 
