@@ -9,10 +9,11 @@
 // against 28.0 / 34.1, 9B head 230.3 / 305.5 against 239.1 / 318.6, 27B gate/up 45.6 / 59.5
 // against 52.8 / 66.0, 27B attention in 19.8 / 26.2 against 21.6 / 26.9; hy_mmr at 3 n-tiles
 // loses (9B attention in at 8 rows 21.9 against 18.6 us), at 2 it gains (27B q at 4 rows 17.3 /
-// 17.6). At KS 16 (hy_mmp_1 only until then), us at 1 / 3 / 8 rows, whole against not: 9B o 5.65
-// / 6.55 / 7.88 against 5.73 / 6.92 / 8.02, 9B down (2 rows: 12.22 against 12.77) 13.93 / 15.73
-// at 3 / 8 against 15.06 / 16.54. hy_mmv takes them at KS 8 (one n-tile; under hy_mmv_16's
-// register cap they spill: 9B gate/up at one row 24.2 against 23.5 us, down 16.1 against 15.3).
+// 17.6). hy_mmp_1 at KS 16 too (hy_mmr has KS 8 alone), us at 1 / 3 / 8 rows, whole against not:
+// 9B o 5.65 / 6.55 / 7.88 against 5.73 / 6.92 / 8.02, 9B down 13.93 / 15.73 at 3 / 8 rows against
+// 15.06 / 16.54 (12.22 against 12.77 at 2). hy_mmv (one n-tile) takes them at KS 8 alone: under
+// hy_mmv_{TB}_16's register cap they spill (9B gate/up at one row 24.2 against 23.5 us, down 16.1
+// against 15.3).
 #ifndef HY_MMP_WH
 #define HY_MMP_WH 3
 #endif
