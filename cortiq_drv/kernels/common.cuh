@@ -134,13 +134,12 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 par) {
 // ldmatrix.x4: four 8 x 8 matrices of 16-bit values from shared memory (lane 8 i + r gives the
 // address of row r of matrix i); register i gets matrix i's row lane >> 2, elements 2 (lane & 3)
 // and the next.
-__device__ __forceinline__ void ldsm4(u32* r, u32 addr) {
+__device__ __forceinline__ void ldsm4(u32* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
+                 : "r"((u32)__cvta_generic_to_shared(p))
                  : "memory");
 }
-__device__ __forceinline__ void ldsm4(u32* r, const void* p) { ldsm4(r, (u32)__cvta_generic_to_shared(p)); }
 
 // Four words from shared memory at a shared-window address (16-byte aligned).
 __device__ __forceinline__ void lds128(u32* r, u32 addr) {

@@ -140,7 +140,7 @@ __device__ __forceinline__ void hy_mmr(const HyJob* jobs, int nj, const bf16* p0
 }
 
 // Blocks an SM should fit of each (NT, KS), of hy_mmv's KS and of hy_mmvs' (whose staged columns
-// leave room for fewer: the 9B down's 165 KB one at KS 16, where hy_mmvs_2_16 takes 92 registers
+// leave room for fewer: the 9B down's 165 KB one at KS 16, where hy_mmvs_2_16 takes 95 registers
 // without a spill, against 64 and 4 bytes under hy_mmv's cap of two): caps the registers (ptxas
 // -v reports them).
 #ifndef HY_MB_1_8
@@ -167,7 +167,7 @@ __device__ __forceinline__ void hy_mmr(const HyJob* jobs, int nj, const bf16* p0
 #ifndef HY_MVS_MB_16
 #define HY_MVS_MB_16 1
 #endif
-// and of hy_mmr's (80 registers: spills of 108 bytes at NTC 2, 216 at NTC 3, TB 2; ptxas -v)
+// and of hy_mmr's (80 registers: stacks of 72 bytes at NTC 2, 120 at NTC 3, TB 2; ptxas -v)
 #ifndef HY_MR_MB
 #define HY_MR_MB 3
 #endif

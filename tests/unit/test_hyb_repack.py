@@ -246,7 +246,7 @@ def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds():
     assert mma_rules.fewer_waves(516, 396, 264)  # 27B GDN in
     assert not mma_rules.fewer_waves(320, 396, 264)  # 9B attention in: two rounds against one
     assert not mma_rules.fewer_waves(768, 396, 264)  # 9B gate/up: three against two
-    assert not mma_rules.fewer_waves(160, 264, 132)  # 27B o, down
+    assert not mma_rules.fewer_waves(160, 264, 132)  # 27B o, down at KS 16 (KS 8 since session 15)
 
     class Wide(_Mat):
         cols = 4096
