@@ -20,6 +20,8 @@ from cortiq_drv.hybrid.state import NMAX
 ATTN_NBLK = 129
 # Blocks an SM a call's attention grid holds at least (`attn_grid`).
 ATTN_FILL = 4
+# Key blocks of the scratch each block of a one-row attention grid walks (`attn_grid`).
+ATTN_WALK = 2
 # The attention scratch grows by this many keys a head at a time.
 KEY_STEP = 4096
 
@@ -30,15 +32,20 @@ def attn_rb(keys: int) -> int:
     return 64 * max(-(-keys // 8192), 1)
 
 
-def attn_grid(nkv: int, n: int, sms: int) -> int:
+def attn_grid(nkv: int, n: int, sms: int, nbc: int) -> int:
     """Blocks along the keys of a call's hy_scores / hy_values grid (nkv, n the others; the kernels
-    walk key blocks x, x + grid, ...: any grid gives the same sums): ATTN_NBLK, a block for every
-    key block any record has, while the grid holds no more than ATTN_FILL blocks an SM of the
-    card's `sms`, fewer from there, so a window's rows do not multiply the blocks past their keys
-    (each of which the card starts and retires). H200, 9B shape at 512 keys (`bench_decode
-    --breakdown`, session 15), us for the 8 layers, against a grid of ATTN_NBLK: 8-row window
-    scores 87.7 / values 64.5 against 176.1 / 213.8, 16-row 138.7 / 127.7 against 341.3 / 416.9."""
-    return max(1, min(ATTN_NBLK, -(-ATTN_FILL * sms // (nkv * n))))
+    walk key blocks x, x + grid, ...: any grid gives the same sums): a block for every ATTN_WALK
+    of the `nbc` key blocks the attention scratch holds (every record a graph over that scratch
+    replays has no more), at most ATTN_NBLK, and no more than ATTN_FILL blocks an SM of the card's
+    `sms`, fewer from there, so a window's rows do not multiply the blocks past their keys (each
+    of which the card starts and retires). H200, 9B shape, device ms (`bench_decode --windows
+    2,8,16`, session 16, one run each): at 512 keys (scratch of 64 blocks) the step takes 2.2214 /
+    2.2374 / 2.2481 at 33 / 66 / 129 blocks, at 8000 keys (128 blocks) 2.5169 / 2.4144 / 2.4413,
+    and the 8-row window there 5.313 / 4.831 / 4.689 at 5 / 9 / 17 (ATTN_FILL 1 / 2 / 4). At 512
+    keys, against a grid of ATTN_NBLK (`--breakdown`, session 15), us for the 8 layers: 8-row
+    window scores 87.7 / values 64.5 against 176.1 / 213.8, 16-row 138.7 / 127.7 against 341.3 /
+    416.9."""
+    return max(1, min(ATTN_NBLK, -(-nbc // ATTN_WALK), -(-ATTN_FILL * sms // (nkv * n))))
 
 
 @dataclass
@@ -74,6 +81,12 @@ def scratch_sizes(nh: int, hd: int, keys_max: int, nbcap_max: int, kcap: int | N
     nbc = min(max(nbcap_max, 1), ATTN_NBLK + 64)
     return {"hy_S": NMAX * nh * kc * 4, "hy_Mx": NMAX * nh * nbc * 4,
             "hy_P": NMAX * nbc * nh * hd * 4, "hy_E": NMAX * nbc * nh * 4}
+
+
+def scratch_nblk(scratch: tuple, nh: int) -> int:
+    """Key blocks the attention scratch (S, Mx, P, E) holds: its Mx as `scratch_sizes` sized it
+    (or larger: the scratch only grows)."""
+    return scratch[1].bytes // (NMAX * nh * 4)
 
 
 def _scratch(hs, plan, keys_max: int, nbcap_max: int, kcap: int) -> tuple:

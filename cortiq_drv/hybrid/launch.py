@@ -15,7 +15,7 @@ import numpy as np
 
 from cortiq_drv.cu.args import kargs
 from cortiq_drv.host.ops import rope_tables
-from cortiq_drv.hybrid.book import attn_grid
+from cortiq_drv.hybrid.book import attn_grid, scratch_nblk
 from cortiq_drv.hybrid.mma import MmaFuncs, rmsnorm2
 from cortiq_drv.hybrid.plan import GdnL
 from cortiq_drv.hybrid.state import ARGMAX_BLOCKS
@@ -134,8 +134,9 @@ def _attn(ctx, plan, a, kv, rec, cip: int, scratch, n: int, tab, st: Stages) -> 
                kargs("QiQQiQQQQQQQiiifiiiiQQ", r.q, plan.geom.qrow, r.k, r.v, nkv * hd, a.qn, a.kn, r.qg,
                      r.gate, kp, vp, tab, nh, nkv, plan.half, plan.eps, int(plan.gemma), int(a.gated),
                      slot0, n, cip, 0))
-    # a grid for any record: blocks walk key blocks, those past the call's keys leave
-    grid = (attn_grid(nkv, n, fx.sm_count), nkv, n)
+    # a grid for any record the scratch holds: blocks walk key blocks, those past the call's keys
+    # leave
+    grid = (attn_grid(nkv, n, fx.sm_count, scratch_nblk(scratch, nh)), nkv, n)
     ctx.launch_3d(fx.scores, grid, 256, 0,
                   kargs("QQQQiiifiiiiQ", r.qg, kp, s_p, mx_p, n0, 0, nkv, plan.scale, rb, ncap, nbcap, n,
                         cip))

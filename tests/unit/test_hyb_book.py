@@ -5,6 +5,7 @@ scratch growth, cursors; the restore table, snapshots, state reads, reset."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ from cortiq_drv.errors import CortiqError
 from cortiq_drv.graph import GraphAttn
 from cortiq_drv.hybrid import spec
 from cortiq_drv.hybrid.admit import admit
-from cortiq_drv.hybrid.book import ATTN_FILL, ATTN_NBLK, attn_grid, attn_rb, book, record, scratch_sizes
+from cortiq_drv.hybrid.book import (ATTN_FILL, ATTN_NBLK, ATTN_WALK, attn_grid, attn_rb, book, record,
+                                    scratch_nblk, scratch_sizes)
 from cortiq_drv.hybrid.plan import plan_for
 
 CDIM = 2 * 2 * 128 + 4 * 128
@@ -58,13 +60,21 @@ def test_attn_rb_and_records():
 
 
 def test_attn_grid_fills_the_card_and_no_more():
-    """ATTN_NBLK blocks along the keys for one-row steps (9B / 27B: 4 KV heads, 132 SMs), fewer
-    for windows, never fewer than ATTN_FILL blocks an SM nor than one."""
-    assert [attn_grid(4, n, 132) for n in (1, 2, 4, 8, 16)] == [129, 66, 33, 17, 9]
-    assert attn_grid(1, 1, 132) == ATTN_NBLK and attn_grid(64, 16, 8) == 1
-    for nkv, n, sms in ((4, 8, 132), (2, 3, 108), (8, 16, 132)):
-        g = attn_grid(nkv, n, sms)
-        assert g * nkv * n >= min(ATTN_FILL * sms, ATTN_NBLK * nkv * n) and (g - 1) * nkv * n < ATTN_FILL * sms
+    """One-row steps (9B / 27B: 4 KV heads, 132 SMs): a block for every ATTN_WALK key blocks the
+    scratch holds, at most ATTN_NBLK; windows: no more than ATTN_FILL blocks an SM past that;
+    never fewer than one block."""
+    assert [attn_grid(4, 1, 132, nbc) for nbc in (1, 64, 128, 193, 400)] == [1, 32, 64, 97, 129]
+    assert [attn_grid(4, n, 132, 128) for n in (1, 2, 4, 8, 16)] == [64, 64, 33, 17, 9]
+    assert attn_grid(64, 16, 8, 64) == 1
+    for nkv, n, sms, nbc in ((4, 8, 132, 64), (2, 3, 108, 128), (8, 16, 132, 193), (1, 1, 132, 7)):
+        g = attn_grid(nkv, n, sms, nbc)
+        assert 1 <= g <= ATTN_NBLK and (g - 1) * ATTN_WALK < nbc and (g - 1) * nkv * n < ATTN_FILL * sms
+
+
+def test_scratch_nblk_reads_back_the_blocks_the_scratch_was_sized_for():
+    for nh, nbcap in ((16, 64), (24, 128), (4, 193)):
+        mx = SimpleNamespace(bytes=scratch_sizes(nh, 256, 5, nbcap, None)["hy_Mx"])
+        assert scratch_nblk((None, mx, None, None), nh) == nbcap
 
 
 def test_fresh_sequence_admit_and_book(hyb_tiny):
