@@ -38,13 +38,15 @@ def attn_grid(nkv: int, n: int, sms: int, nbc: int) -> int:
     of the `nbc` key blocks the attention scratch holds (every record a graph over that scratch
     replays has no more), at most ATTN_NBLK, and no more than ATTN_FILL blocks an SM of the card's
     `sms`, fewer from there, so a window's rows do not multiply the blocks past their keys (each
-    of which the card starts and retires). H200, 9B shape, device ms (`bench_decode --windows
-    2,8,16`, session 16, one run each): at 512 keys (scratch of 64 blocks) the step takes 2.2214 /
-    2.2374 / 2.2481 at 33 / 66 / 129 blocks, at 8000 keys (128 blocks) 2.5169 / 2.4144 / 2.4413,
-    and the 8-row window there 5.313 / 4.831 / 4.689 at 5 / 9 / 17 (ATTN_FILL 1 / 2 / 4). At 512
-    keys, against a grid of ATTN_NBLK (`--breakdown`, session 15), us for the 8 layers: 8-row
-    window scores 87.7 / values 64.5 against 176.1 / 213.8, 16-row 138.7 / 127.7 against 341.3 /
-    416.9."""
+    of which the card starts and retires). H200, 9B shape, device ms (`bench_decode --source mem
+    --skip-matvec --tokens 16`, session 16): with ATTN_FILL alone (one run each) the best one-row
+    grid followed the scratch, 33 of 33 / 66 / 129 blocks at 512 keys (64 key blocks: 2.2214 /
+    2.2374 / 2.2481), 66 at 8000 keys (128 blocks: 2.5169 / 2.4144 / 2.4413), while the 8-row
+    window there wants ATTN_FILL 4 (5.313 / 4.831 / 4.689 at 5 / 9 / 17 blocks); this rule against
+    a one-row grid of ATTN_NBLK (two runs each): 2.2241 / 2.2251 against 2.2439 / 2.2421 at 512
+    keys, 2.4275 / 2.4240 against 2.4535 / 2.4505 at 8000. At 512 keys, windows against a grid of
+    ATTN_NBLK (`--breakdown`, session 15), us for the 8 layers: 8-row scores 87.7 / values 64.5
+    against 176.1 / 213.8, 16-row 138.7 / 127.7 against 341.3 / 416.9."""
     return max(1, min(ATTN_NBLK, -(-nbc // ATTN_WALK), -(-ATTN_FILL * sms // (nkv * n))))
 
 

@@ -90,9 +90,11 @@ def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
     attention in (320 items: two rounds against one) 14.8 / 16.8 against 10.5 / 12.1, 9B gate/up
     (768: three against two) 21.79 / 21.78 against 20.94 / 20.81 (sessions 15 / 14), 27B o 12.1
     against 10.7, 27B down 30.8 against 25.6; from three rounds on hy_mmv it wins (sessions 15 /
-    14): 27B gate/up (1088 items, three rounds) 35.75 / 36.04 against 36.02 / 36.77, the 27B LM
-    head (7760 items) 218.04 / 220.01 against 227.96 / 229.18, the 9B head (the same items) at two
-    rows 183.45 against 189.68 (at one row it stages, `stages_b`)."""
+    14, then session 16): 27B gate/up (1088 items, three rounds) 35.75 / 36.04 against 36.02 /
+    36.77 (35.97 / 35.97 against 36.29 / 36.86), the 27B LM head (7760 items) 218.04 / 220.01
+    against 227.96 / 229.18 (two rows: 227.42 against 238.96), the 9B head (the same items) at two
+    rows 183.45 against 189.68 (181.45 against 192.29; at one row it stages, `stages_b`). With the
+    attention grid's rule (`book.attn_grid`) the 27B decode step went 6.567 -> 6.372 ms."""
     rounds_mmv = -(-items // cap_mmv)
     return -(-items // cap_mmp) <= rounds_mmv or rounds_mmv >= STEADY_ROUNDS
 
