@@ -89,11 +89,12 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
     case 2: hy_mmp_run<NC, 2, TB, KS, HY_RUN_STAGES, WH>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
     case 3: hy_mmp_run<NC, 3, TB, KS, HY_RUN_STAGES, WH>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
     default:
-        if (NT == 2) {
+        // 4..6 n-tiles: hy_mmp_2's alone
+        if constexpr (NT == 2) {
             switch (ntc) {
-            case 4: hy_mmp_run<NC, (NT == 2 ? 4 : 1), TB, KS, HY_RUN_STAGES, WH>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
-            case 5: hy_mmp_run<NC, (NT == 2 ? 5 : 1), TB, KS, HY_RUN_STAGES, WH>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
-            default: hy_mmp_run<NC, (NT == 2 ? 6 : 1), TB, KS, HY_RUN_STAGES, WH>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+            case 4: hy_mmp_run<NC, 4, TB, KS, HY_RUN_STAGES, WH>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+            case 5: hy_mmp_run<NC, 5, TB, KS, HY_RUN_STAGES, WH>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
+            default: hy_mmp_run<NC, 6, TB, KS, HY_RUN_STAGES, WH>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm); break;
             }
         }
     }
