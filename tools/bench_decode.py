@@ -189,7 +189,7 @@ def _device_ms(hs, cmf, g, reps: int, n: int = 1) -> tuple:
 
     plan = hs.plans.get((cmf.uid, 0, len(g.layers), True))
     win = n > 1
-    key = None if plan is None else graph_key(plan, KV_ID, 0, n, win, True, (), pick=True, staged=not win)
+    key = None if plan is None else graph_key(plan, KV_ID, 0, n, win, True, (), pick=True, staged=True)
     rec = None if key is None else hs.graphs.get(key)
     if rec is None:
         return None, None
@@ -269,7 +269,7 @@ def _host_sections(hs, cmf, g, geo, pos: int, rng, steps: int = 32) -> dict:
     from cortiq_drv.hybrid import api, graphs
 
     # (a staged step copies its row in and out inside the graph: no memcpy call to time)
-    spots = [(api, "plan_for"), (api, "admit"), (graphs, "book"), (api, "_stage_row"),
+    spots = [(api, "plan_for"), (api, "admit"), (graphs, "book"), (api, "_stage_rows"),
              (driver, "graph_launch"), (driver, "stream_sync"), (api, "token")]
     ns = {name: 0 for _, name in spots}
     kept = [(m, name, getattr(m, name)) for m, name in spots]

@@ -51,7 +51,8 @@ def decline(hs, what: str, reason: str) -> str:
 
 
 def _upload_rows(plan, h: np.ndarray, positions) -> None:
-    """The call's residual rows and RoPE rows into the plan's fixed buffers."""
+    """The call's residual rows and RoPE rows into the plan's fixed buffers (a deferred batch:
+    the stream runs on past it, so the host twin cannot carry them)."""
     plan.rows.h.upload_async(np.ascontiguousarray(h, dtype=np.float32).reshape(-1))
     tab = rope_rows(plan.invf, positions)
     if tab.size:
@@ -71,13 +72,14 @@ def _rope_row(plan, position: int) -> np.ndarray:
     return rows[position - p0]
 
 
-def _stage_row(plan, h: np.ndarray, position: int) -> None:
-    """A token's residual row and RoPE row into the plan's pinned host twin (`RowIO`), which the
-    step's graph reads, with the call records, in its first kernel."""
-    io = plan.rows.io
-    io.h_h[:] = h.reshape(-1)
+def _stage_rows(plan, h: np.ndarray, positions) -> None:
+    """A call's residual rows and RoPE rows into the plan's pinned host twin (`RowIO`), which the
+    call's graph reads, with the call records, in its first kernel."""
+    io, n = plan.rows.io, len(positions)
+    io.h_h[:n] = h.reshape(n, -1)
     if plan.invf.size:
-        io.tab_h[:] = _rope_row(plan, position)
+        for i, p in enumerate(positions):
+            io.tab_h[i] = _rope_row(plan, p)
 
 
 def token(hs, cmf, kv_id: int, layers, invf, h: np.ndarray, *, nh: int, nkv: int, hd: int,
@@ -140,7 +142,7 @@ def _into(dst: np.ndarray | None, n: int) -> np.ndarray | None:
 
 
 def _token_run(hs, plan, kv_id, layers, h, position, cap, logits, pick, layer_base, hidden_too, kt) -> None:
-    _stage_row(plan, h, position)
+    _stage_rows(plan, h, (position,))
     taps = tap_slots(hs, len(layers), layer_base, plan.hidden) or ()
     io = plan.rows.io
     # the id and the row come back into the host twin inside the graph
@@ -161,7 +163,7 @@ def _token_run(hs, plan, kv_id, layers, h, position, cap, logits, pick, layer_ba
     if stage_out:
         logits.reshape(-1)[:rows] = out
     if want_h:
-        h.reshape(-1)[:] = io.h_h
+        h.reshape(-1)[:] = io.h_h[0]
 
 
 def _quiet_sync(hs) -> None:
@@ -227,31 +229,34 @@ def batch(hs, cmf, kv_id: int, layer_base: int, layers, invf, h: np.ndarray, *, 
 
 def _batch_run(hs, plan, kv_id, layer_base, layers, h, positions, cap, spec, argmax_out, defer) -> None:
     b, hidden = len(positions), plan.hidden
-    _upload_rows(plan, h, positions)
-    taps = tap_slots(hs, len(layers), layer_base, hidden) or ()
     verify = spec is not None
-    # a greedy verify: each row's argmax on the card (in the graph), the ids back, not the logits
-    dpick = plan.rows.io.pick if verify and argmax_out is not None else None
-    rows = run_small(hs, plan, kv_id, layer_base, positions[0], b, verify, verify, cap, taps, pick=dpick)
+    # a call that waits for its results stages its rows in the host twin and gets them (and its
+    # picks) back there, as a token does; a deferred one queues uploads and the stream runs on
+    staged = verify or not defer
+    io = plan.rows.io
+    if staged:
+        _stage_rows(plan, h, positions)
+    else:
+        _upload_rows(plan, h, positions)
+    taps = tap_slots(hs, len(layers), layer_base, hidden) or ()
+    # a greedy verify: each row's argmax on the card (in the graph) into the twin, not the logits
+    greedy = verify and argmax_out is not None
+    rows = run_small(hs, plan, kv_id, layer_base, positions[0], b, verify, verify, cap, taps,
+                     pick=io.pick_host if greedy else None, staged=staged)
     out = None
-    if dpick is not None:
-        out = np.empty(b, dtype=np.int32)
-        dpick.download_async(out)
-    elif verify:
+    if verify and not greedy:
         out = np.empty((b, rows), dtype=np.float32)
         plan.rows.logits.download_async(out)
-    if defer and not verify:
-        # nothing comes back: the stream runs on (tap rows are read all the same)
+    if not staged:
+        # nothing comes back (tap rows are read all the same)
         if taps:
             hs.taps_out = taps_read(taps, b, hidden)
         return
-    hrows = np.empty((b, hidden), dtype=np.float32)
-    plan.rows.h.download_async(hrows)
     hs.ctx.sync()
     if taps:
         hs.taps_out = taps_read(taps, b, hidden)
-    if dpick is not None:
-        argmax_out.reshape(-1)[:b] = out
+    if greedy:
+        argmax_out.reshape(-1)[:b] = io.pick_h[:b]
     elif verify:
         spec.logits_out = out
-    h.reshape(-1)[:] = hrows.reshape(-1)
+    h.reshape(-1)[:] = io.h_h[:b].reshape(-1)

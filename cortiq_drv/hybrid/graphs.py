@@ -98,13 +98,13 @@ def run_small(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bo
               kcap: int, taps=(), kt: KtCtx | None = None, pick=None, staged: bool = False) -> int:
     """The small path over the rows in `plan.rows.h` (and `plan.rows.tab`), with the head when
     `head` and each row's argmax into `pick` (int32 [n] on the card, a Buf, or in pinned host
-    memory, a HostAt: a token's) when given: book, upload the
-    call records, then replay the graph recorded with the same pointers, or record one now, or
-    launch directly. `staged` (a token): the row and its RoPE row wait in `plan.rows.io`'s pinned
-    host twin and the records join them there; the call's first kernel brings the three onto the
-    card and its last one takes the row back (`RowIO`: no copy call; the caller syncs before its
-    next call). Otherwise the rows are already queued and the records go on their own. Returns the
-    head's rows (0 without)."""
+    memory, a HostAt) when given: book, upload the call records, then replay the graph recorded
+    with the same pointers, or record one now, or launch directly. `staged` (a call that waits
+    for its results): the rows and their RoPE rows wait in `plan.rows.io`'s pinned host twin and
+    the records join them there; the call's first kernel brings them onto the card and its last
+    one takes the rows back (`RowIO`: no copy call; the caller syncs before its next call).
+    Otherwise the rows are already queued and the records go on their own. Returns the head's
+    rows (0 without)."""
     bk = book(hs, plan, kv_id, layer_base, pos0, n, tape, kcap)
     rows = plan.lm[1] if head and plan.lm is not None else 0
     pick = pick if rows else None
@@ -117,14 +117,14 @@ def run_small(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bo
 
     def body(ctx, st=None):
         if staged:
-            io.launch_in(ctx, plan.fx)
+            io.launch_in(ctx, plan.fx, n)
         launch(ctx, plan, bk, n, tape, taps, st)
         if head:
             head_launch(ctx, plan, n, st)
         if pick is not None:
             pick_launch(ctx, plan, n, pick)
         if staged:
-            io.launch_out(ctx, plan.fx)
+            io.launch_out(ctx, plan.fx, n)
 
     if not graphs_on(hs, kt is not None):
         body(kt or hs.ctx, Stages(hs.ctx, hs.counters.stage_ns[min(n, NMAX)], hs.prof))

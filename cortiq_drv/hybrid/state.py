@@ -200,29 +200,30 @@ class HostAt:
 
 
 class RowIO:
-    """A plan's call inputs and a token's outputs in one device allocation `dev` with a pinned
-    host twin `host` of the same layout (the graph reads and writes both at fixed addresses):
+    """A plan's call inputs and outputs in one device allocation `dev` with a pinned host twin
+    `host` of the same layout (the graph reads and writes both at fixed addresses):
 
         ci [n_attn][8] i32 | tab [NMAX][half][2] f32 | pick [NMAX] i32 | h [NMAX][hidden] f32 |
         acnt [NMAX] i32 | apart [NMAX][ARGMAX_BLOCKS][2] words
 
     The last two (zeroed once, never copied) are hy_argmax's per-row arrival counts, which each
     launch leaves at zero, and its block parts.
-    A decode step makes no copy call for its inputs, its pick or its residual row (a step that
-    returns logits still downloads them): the host writes its records, RoPE row and residual row into
-    `host` (row 0 of each); the step's graph starts with `launch_in` (hy_copy16 of bytes 0 .. the
-    end of h's row 0: the rest of tab and pick ride along, the call rewrites what it reads), its
-    greedy pick goes straight to `pick_host`, and it ends with `launch_out` (h's row 0 back). The
-    host writes `host` only once the stream synchronised past the last step (`token` syncs)."""
+    A call of n rows that waits for its results (a decode step, a verify window, a batch not
+    deferred) makes no copy call for its inputs, its picks or its residual rows (a call that
+    returns logits still downloads them): the host writes its records, RoPE rows and residual rows
+    into `host` (rows 0 .. n - 1 of each); the call's graph starts with `launch_in(n)` (hy_copy16
+    of bytes 0 .. `row_end(n)`: the rest of tab and pick ride along, the call rewrites what it
+    reads), its greedy picks go straight to `pick_host`, and it ends with `launch_out(n)` (h's rows
+    back). The host writes `host` only once the stream synchronised past the last call that read
+    it (each such call syncs before it returns)."""
 
     def __init__(self, card, n_attn: int, half: int, hidden: int):
         ci_n, tab_n = max(n_attn, 1) * 8 * 4, NMAX * half * 2 * 4
+        self.hidden = hidden
         self.tab_off = round_up(ci_n, 16)
         self.pick_off = round_up(self.tab_off + max(tab_n, 1), 16)
         # 256-byte aligned rows for the matvecs' residual reads and writes
         self.h_off = round_up(self.pick_off + NMAX * 4, 256)
-        # hidden % 32 == 0 (plan.geometry): whole 16-byte words
-        self.row_end = self.h_off + hidden * 4
         work_off = self.h_off + NMAX * hidden * 4
         work = (NMAX + NMAX * ARGMAX_BLOCKS * 2) * 4
         nbytes = work_off + work
@@ -230,25 +231,30 @@ class RowIO:
         self.host = card.pinned(nbytes)
         d, raw = self.dev, self.host.array(np.uint8)
         self.ci, self.tab = d.view(0, ci_n), d.view(self.tab_off, tab_n)
-        self.pick, self.h = d.view(self.pick_off, NMAX * 4), d.view(self.h_off, NMAX * hidden * 4)
+        self.h = d.view(self.h_off, NMAX * hidden * 4)
         self.acnt = d.view(work_off, NMAX * 4)
         self.apart = d.view(work_off + NMAX * 4, NMAX * ARGMAX_BLOCKS * 8)
         d.view(work_off, work).memset(0)
         self.pick_host = HostAt(self.host.ptr + self.pick_off)
-        # host views: the records, row 0 of tab and h, the first id
+        # host views: the records, and the RoPE rows, ids and residual rows row by row
         self.ci_h = raw[:ci_n].view(np.int32)
-        self.tab_h = raw[self.tab_off:self.tab_off + half * 8].view(np.float32)
-        self.pick_h = raw[self.pick_off:self.pick_off + 4].view(np.int32)
-        self.h_h = raw[self.h_off:self.row_end].view(np.float32)
+        self.tab_h = raw[self.tab_off:self.tab_off + tab_n].view(np.float32).reshape(NMAX, half * 2)
+        self.pick_h = raw[self.pick_off:self.pick_off + NMAX * 4].view(np.int32)
+        self.h_h = raw[self.h_off:work_off].view(np.float32).reshape(NMAX, hidden)
 
-    def launch_in(self, ctx, fx) -> None:
-        """Queue hy_copy16 of the staged records, RoPE row and residual row onto the card."""
-        n16 = self.row_end // 16
+    def row_end(self, n: int) -> int:
+        """Where h's row n starts: the end of what a call of n rows brings onto the card (hidden %
+        32 == 0, plan.geometry: whole 16-byte words)."""
+        return self.h_off + n * self.hidden * 4
+
+    def launch_in(self, ctx, fx, n: int) -> None:
+        """Queue hy_copy16 of the staged records, RoPE rows and n residual rows onto the card."""
+        n16 = self.row_end(n) // 16
         ctx.launch(fx.copy16, (-(-n16 // 256), 1), 256, 0, kargs("QQi", self.host.ptr, self.dev, n16))
 
-    def launch_out(self, ctx, fx) -> None:
-        """Queue hy_copy16 of h's row 0 back into the host twin."""
-        n16 = (self.row_end - self.h_off) // 16
+    def launch_out(self, ctx, fx, n: int) -> None:
+        """Queue hy_copy16 of h's first n rows back into the host twin."""
+        n16 = (self.row_end(n) - self.h_off) // 16
         ctx.launch(fx.copy16, (-(-n16 // 256), 1), 256, 0,
                    kargs("QQi", self.dev.ptr + self.h_off, self.host.ptr + self.h_off, n16))
 

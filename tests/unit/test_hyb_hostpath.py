@@ -70,16 +70,16 @@ def test_fifty_tokens_without_expensive_host_work(hyb_tiny, counted):
     # the last token's row, RoPE row and records wait in the host twin; each step's graph starts by
     # bringing them onto the card and ends by taking the row back, with no copy call
     io = p.rows.io
-    assert (io.h_h == 0.5).all() and io.ci_h[:8].tolist() == [50, 50, 64, 4096, 64, 0, 0, 0]
-    assert io.tab_h.tobytes() == rope_rows(p.invf, (50,)).tobytes()
+    assert (io.h_h[0] == 0.5).all() and io.ci_h[:8].tolist() == [50, 50, 64, 4096, 64, 0, 0, 0]
+    assert io.tab_h[0].tobytes() == rope_rows(p.invf, (50,)).tobytes()
     # (the fake card runs hy_copy16): the call record and the rows on the card
     assert p.ci.read(np.int32, 8).tolist() == [50, 50, 64, 4096, 64, 0, 0, 0]
-    assert p.rows.tab.read(np.float32, 2 * p.half).tobytes() == io.tab_h.tobytes()
+    assert p.rows.tab.read(np.float32, 2 * p.half).tobytes() == io.tab_h[0].tobytes()
     assert (p.rows.h.read(np.float32, g.hidden) == 0.5).all()
     graph = next(iter(hs.graphs.values())).graph.nodes
     first, last = ([_i(x) for x in n.args] for n in (graph[0], graph[-1]))
     assert graph[0].name == graph[-1].name == "hy_copy16"
-    assert first == [io.host.ptr, io.dev.ptr, io.row_end // 16]
+    assert first == [io.host.ptr, io.dev.ptr, io.row_end(1) // 16]
     assert last == [io.dev.ptr + io.h_off, io.host.ptr + io.h_off, g.hidden // 4]
     # the row and logits came back into the caller's arrays (the fake card runs no kernels)
     assert (h == 0.5).all() and logits.dtype == np.float32
@@ -195,27 +195,6 @@ def test_pick_with_logits_and_declines(hyb_tiny):
     assert out.status == "declined" and "logits" in out.reason
 
 
-def test_greedy_verify_window_picks_in_the_graph(hyb_tiny):
-    from cortiq_drv.graph import SpecTail
-
-    cmf, g = hyb_tiny
-    hs, ctx, card = _fakecard.fake_state()
-    _step(hs, cmf, g, 0)
-    kw = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, attn_scale=g.scale, rd=g.rd, hidden=g.hidden, cap=4096,
-              gemma=g.gemma, eps=g.eps)
-    caps = card.captures
-    for pos0 in (1, 5):
-        ids = np.full(4, -1, np.int32)
-        h = np.ones((4, g.hidden), np.float32)
-        out = api.batch(hs, cmf, 1, 0, g.layers, g.invf, h, positions=range(pos0, pos0 + 4),
-                        spec=SpecTail(g.lm, g.lm_rows, g.final_norm), argmax_out=ids, **kw)
-        assert out.ok and (ids == 0).all()
-    # recorded once with the argmax inside, replayed for the second window
-    assert card.captures == caps + 1
-    graph = hs.graphs[max(hs.graphs, key=lambda k: k[3])]
-    assert graph.graph.nodes[-1].name == "hy_argmax" and graph.graph.nodes[-1].grid == (ARGMAX_BLOCKS, 4)
-
-
 def test_token_rope_row_is_the_positions_own():
     """`token` takes its RoPE row from the plan's block of positions: the bytes `rope_rows` gives
     that position alone (and a window's rows), across block edges and far positions."""
@@ -228,3 +207,57 @@ def test_token_rope_row_is_the_positions_own():
         assert row.tobytes() == rope_rows(invf, (pos,)).tobytes(), pos
         assert row.tobytes() == rope_rows(invf, range(pos, pos + 5))[0].tobytes(), pos
         assert plan.rope[0] <= pos < plan.rope[0] + api.ROPE_BLOCK
+
+
+def test_greedy_verify_window_picks_in_the_graph(hyb_tiny):
+    """A greedy verify window stages as a token does: its rows, RoPE rows and records in the
+    plan's pinned host twin, brought onto the card by the graph's first kernel (hy_copy16 of
+    row_end(n)), each row's argmax straight into the twin, the rows back by the graph's last
+    kernel: no copy call at all. A deferred batch still uploads its rows and waits for nothing."""
+    from cortiq_drv.graph import SpecTail
+
+    cmf, g = hyb_tiny
+    hs, ctx, card = _fakecard.fake_state()
+    _step(hs, cmf, g, 0)
+    n = 4
+    kw = dict(nh=g.nh, nkv=g.nkv, hd=g.hd, rd=g.rd, hidden=g.hidden, cap=4096, gemma=g.gemma, eps=g.eps,
+              attn_scale=g.scale)
+    rows = np.arange(n * g.hidden, dtype=np.float32).reshape(n, g.hidden) / 7
+    p = next(iter(hs.plans.values()))
+    io = p.rows.io
+    io.pick_h[:n] = [5, 6, 7, 8]
+    ctx.launches.clear()
+    ctx.host_copies.clear()
+    syncs = ctx.syncs
+    h, ids = rows.copy(), np.full(n, -1, np.int32)
+    out = api.batch(hs, cmf, 1, 0, g.layers, g.invf, h, positions=range(1, 1 + n),
+                    spec=SpecTail(g.lm, g.lm_rows, g.final_norm), argmax_out=ids, **kw)
+    assert out.ok, out.reason
+    assert ctx.host_copies == [] and ctx.syncs == syncs + 1
+    # the fake card runs no kernels: the ids and rows the twin holds are what come back
+    assert ids.tolist() == [5, 6, 7, 8] and h.tobytes() == rows.tobytes()
+    assert io.h_h[:n].tobytes() == rows.tobytes()
+    assert io.tab_h[:n].tobytes() == rope_rows(p.invf, range(1, 1 + n)).tobytes()
+    assert (p.rows.h.read(np.float32, n * g.hidden) == rows.reshape(-1)).all()
+    first, last = ctx.launches[0], ctx.launches[-1]
+    assert first.name == last.name == "hy_copy16"
+    assert [_i(x) for x in first.args] == [io.host.ptr, io.dev.ptr, io.row_end(n) // 16]
+    assert [_i(x) for x in last.args] == [io.dev.ptr + io.h_off, io.host.ptr + io.h_off, n * g.hidden // 4]
+    argmax = [l for l in ctx.launches if l.name == "hy_argmax"]
+    assert len(argmax) == 1 and argmax[0].grid == (ARGMAX_BLOCKS, n)
+    assert _i(argmax[0].args[3]) == io.host.ptr + io.pick_off
+    # recorded once with the copies and the argmax inside, replayed for the next window
+    caps = card.captures
+    out = api.batch(hs, cmf, 1, 0, g.layers, g.invf, rows.copy(), positions=range(1 + n, 1 + 2 * n),
+                    spec=SpecTail(g.lm, g.lm_rows, g.final_norm), argmax_out=ids, **kw)
+    assert out.ok and card.captures == caps and ctx.host_copies == []
+    nodes = hs.graphs[max(hs.graphs, key=lambda k: k[3])].graph.nodes
+    assert [x.name for x in nodes[-2:]] == ["hy_argmax", "hy_copy16"] and nodes[0].name == "hy_copy16"
+    # a deferred batch (no head) queues its rows' uploads and brings nothing back
+    ctx.host_copies.clear()
+    ctx.launches.clear()
+    h2 = np.ones((2, g.hidden), np.float32)
+    assert api.batch(hs, cmf, 1, 0, g.layers, g.invf, h2, positions=range(1 + 2 * n, 3 + 2 * n), defer=True,
+                     **kw).ok
+    assert "up" in [d for d, _ in ctx.host_copies] and "down" not in [d for d, _ in ctx.host_copies]
+    assert "hy_copy16" not in [l.name for l in ctx.launches]
