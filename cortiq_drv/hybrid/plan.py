@@ -103,7 +103,8 @@ class RowBufs:
     norm xn, the projections q [qrow], k, v [nkv*hd], qg / gate [nh*hd] (hy_qk's outputs), the GDN
     rows qkv [cdmax], z, o, of [vdmax], the RoPE table tab [half][2], logits [lm rows], the bf16
     planes pp0..2 [pstride] every matvec reads and the FFN middle's qq0, qq1 [pstride]. h, tab (and
-    the plan's `ci`) are views of `io` (`state.RowIO`: a token's one upload and one download)."""
+    the plan's `ci`) are views of `io` (`state.RowIO`: a call's inputs and outputs through its pinned
+    host twin, copied inside the call's graph)."""
 
     h: object
     xn: object
