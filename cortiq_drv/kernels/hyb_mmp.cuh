@@ -143,7 +143,9 @@ __device__ __forceinline__ void hy_mmr(const HyJob* jobs, int nj, const bf16* p0
 // Blocks an SM should fit of each (NT, KS), of hy_mmv's KS and of hy_mmvs' (whose staged columns
 // leave room for fewer: the 9B down's 165 KB one at KS 16, where hy_mmvs_2_16 takes 95 registers
 // without a spill, against 64 and 4 bytes under hy_mmv's cap of two): caps the registers (ptxas
-// -v reports them).
+// -v reports them). hy_mmv at KS 8 holds three (80 registers); four (64, its whole-stage loop
+// still without a spill) lose on the H200 (session 17, bench_kernels --models 9B --rows 1: 9B
+// gate/up 20.8 against 28.4 us, q 8.6 against 10.3; bench_decode 9b step 2.23 against 2.42 ms).
 #ifndef HY_MB_1_8
 #define HY_MB_1_8 2
 #endif

@@ -62,7 +62,10 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
 // Stages of each warp's ring (a power of two): S * 1088 bytes of dynamic shared memory a warp;
 // hy_mmp's and hy_mmr's (HY_RUN_STAGES), and hy_mmv's (more blocks an SM, see hyb_mmp.cuh).
 // H200, 9B, 3..16 rows: hy_mmp_run 4 stages deep is 1-8% faster than 8 deep on every set it ran
-// (down at 3 rows 18.4 against 20.0 us, at 16 rows 52.5 against 54.3).
+// (down at 3 rows 18.4 against 20.0 us, at 16 rows 52.5 against 54.3). Fetching a block's next
+// items into L2 ahead of its ring (cp.async.bulk.prefetch.L2, one or two items on) loses on every
+// shape (session 17: 9B gate/up at one row 20.9 against 25.5-26.1 us, decode step 2.23 against
+// 2.55-2.64 ms).
 #ifndef HY_RUN_STAGES
 #define HY_RUN_STAGES 4
 #endif
