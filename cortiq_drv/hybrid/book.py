@@ -76,6 +76,22 @@ def record(n0: int, n: int) -> list:
     return [n0, n0, rb, ncap, -(-ncap // rb), 0, 0, 0]
 
 
+def records(stored: list, n: int) -> tuple:
+    """The call records of attention layers holding `stored` rows each, for a call of n rows, as
+    one int32 array (8 words a layer, in layer order), and the largest key count and key-block
+    count among them (0, 0 without layers). The layers of a stack hold the same rows (one record,
+    repeated: the path a decode step takes); otherwise one record per distinct row count."""
+    if not stored:
+        return np.zeros(0, dtype=np.int32), 0, 0
+    first = stored[0]
+    if stored.count(first) == len(stored):
+        rec = record(first, n)
+        return np.array(rec * len(stored), dtype=np.int32), first + n, rec[4]
+    recs = {s: record(s, n) for s in set(stored)}
+    ci = np.array([w for s in stored for w in recs[s]], dtype=np.int32)
+    return ci, max(stored) + n, max(r[4] for r in recs.values())
+
+
 def scratch_sizes(nh: int, hd: int, keys_max: int, nbcap_max: int, kcap: int | None) -> dict:
     """Bytes of the attention scratch for records up to `keys_max` keys and `nbcap_max` blocks;
     `kcap` (CMF_HYB_KCAP=1: the context cap) sizes the scores for it from the start."""
@@ -111,12 +127,7 @@ def book(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, k
     for gs in gdn:
         gs.next_pos = end
         gs.tape = tp
-    stored = [m.stored for m in kv]
-    # one record per distinct row count (the attention layers of a stack hold the same rows)
-    recs = {s: record(s, n) for s in set(stored)}
-    ci = np.array([recs[s] for s in stored], dtype=np.int32).reshape(-1)
+    ci, keys_max, nbcap_max = records([m.stored for m in kv], n)
     for m in kv:
         m.stored += n
-    keys_max = max((r[0] + n for r in recs.values()), default=0)
-    nbcap_max = max((r[4] for r in recs.values()), default=0)
     return Book(views, ci, _scratch(hs, plan, keys_max, nbcap_max, kcap), lsig)

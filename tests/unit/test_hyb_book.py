@@ -16,7 +16,7 @@ from cortiq_drv.graph import GraphAttn
 from cortiq_drv.hybrid import spec
 from cortiq_drv.hybrid.admit import admit
 from cortiq_drv.hybrid.book import (ATTN_FILL, ATTN_NBLK, ATTN_WALK, attn_grid, attn_rb, book, record,
-                                    scratch_nblk, scratch_sizes)
+                                    records, scratch_nblk, scratch_sizes)
 from cortiq_drv.hybrid.plan import plan_for
 
 CDIM = 2 * 2 * 128 + 4 * 128
@@ -57,6 +57,16 @@ def test_attn_rb_and_records():
     s = scratch_sizes(4, 32, 5, 64, None)
     assert s["hy_S"] == 16 * 4 * 4096 * 4 and s["hy_P"] == 16 * 64 * 4 * 32 * 4
     assert scratch_sizes(4, 32, 5, 64, 20_000)["hy_S"] == 16 * 4 * 20480 * 4
+
+
+def test_records_are_each_layers_record_in_layer_order():
+    # the layers' records one after another, whatever mix of row counts they hold
+    for stored, n in (([600] * 8, 1), ([600] * 8, 16), ([5, 9000, 5, 8190], 3), ([0], 1), ([], 1)):
+        ci, keys_max, nbcap_max = records(stored, n)
+        want = [w for s in stored for w in record(s, n)]
+        assert ci.dtype == np.int32 and ci.tolist() == want, (stored, n)
+        assert keys_max == max((s + n for s in stored), default=0)
+        assert nbcap_max == max((record(s, n)[4] for s in stored), default=0)
 
 
 def test_attn_grid_fills_the_card_and_no_more():
