@@ -97,8 +97,8 @@ def graph_key(plan, kv_id: int, layer_base: int, n: int, tape: bool, head: bool,
 def run_small(hs, plan, kv_id: int, layer_base: int, pos0: int, n: int, tape: bool, head: bool,
               kcap: int, taps=(), kt: KtCtx | None = None, pick=None, staged: bool = False) -> int:
     """The small path over the rows in `plan.rows.h` (and `plan.rows.tab`), with the head when
-    `head` and each row's argmax into `pick` (int32 [n] on the card, a Buf, or in pinned host
-    memory, a HostAt) when given: book, upload the call records, then replay the graph recorded
+    `head` and each row's argmax into `pick` (int32 [n] in the plan's pinned host twin, its
+    `RowIO.pick_host`) when given: book, upload the call records, then replay the graph recorded
     with the same pointers, or record one now, or launch directly. `staged` (a call that waits
     for its results): the rows and their RoPE rows wait in `plan.rows.io`'s pinned host twin and
     the records join them there; the call's first kernel brings them onto the card and its last

@@ -194,7 +194,7 @@ def head_launch(ctx, plan, n: int, st: Stages | None = None) -> int:
 
 def pick_launch(ctx, plan, n: int, ids) -> None:
     """Each row's argmax over the head's rows (`hy_argmax`, the lowest index among equals) into
-    `ids` (int32 [n]: a Buf, or a HostAt in pinned host memory): the head's row count is the
+    `ids` (int32 [n]: the pinned host twin's `RowIO.pick_host`): the head's row count is the
     sampleable ids', so padding is never picked.
     ARGMAX_BLOCKS blocks a row, their parts and arrival counts in the plan's `RowIO`."""
     rows, io = plan.lm[1], plan.rows.io
