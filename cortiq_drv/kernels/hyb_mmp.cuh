@@ -103,7 +103,13 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
 // hy_mmv_{TB}_{KS}: hy_mmp_1_{TB}_{KS} for calls of one or two rows (one n-tile, 3 n <= 8): the
 //   same work split, sums and order (so the same bits as every hy_mmp call with this KS), each
 //   warp's ring HY_MV_STAGES deep instead of HY_RUN_STAGES and the registers capped for HY_MV_MB_{KS}
-//   blocks an SM, so more warps hide the tile loop's latencies. Launch: block 32 * KS threads,
+//   blocks an SM, so more warps hide the tile loop's latencies; at TB 2 its whole stages run
+//   unrolled by the ring's depth (hy_mmp_run's UNR). H200, session 18: the KS 8 whole-stage loop
+//   drops from 200 to 171 SASS instructions a stage; bench_kernels 9B at one row: gate/up 20.77
+//   -> 19.98 us, attention in 10.33 -> 9.98, head (hy_mmvs_2_8) 176.6 -> 166.3; bench_decode 9b
+//   step 2.227 -> 2.148 ms, 27b the same (6.336 -> 6.338). Unrolled at TB 1 too, the 27B down
+//   (hy_mmv_1_8) loses (21.32 -> 21.94 us, 27b step 6.367 -> 6.448 ms); unrolled in every
+//   hy_mmp_run, every hy_mmp_1 call loses (session 17). Launch: block 32 * KS threads,
 //   dynamic shared memory KS * HY_MV_STAGES * HY_STAGE bytes (traps when given less); traps when
 //   n > 2. Assumptions as hy_mmp.
 // hy_mmvs_{TB}_{KS}: hy_mmv_{TB}_{KS} with the call's B staged (SB, see hy_mmp_run): each warp
@@ -121,7 +127,7 @@ __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0
     const int sb = SB ? 3 * n * hy_sb_stride(cols >> 5) : 0;
     const int total = hy_items<TB>(jobs, nj, KS * HY_MV_STAGES * HY_STAGE + sb, p0, p1, p2, xs, n);
     if ((int)blockIdx.x >= total) return;
-    hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, KS == 8 ? 1 : 0, SB>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
+    hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, KS == 8 ? 1 : 0, SB, TB == 2>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
 }
 
 // hy_mmr_{NTC}_{TB}_8: hy_mmp_1_{TB}_8's hy_mmp_run alone, for calls that fill NTC n-tiles (2:

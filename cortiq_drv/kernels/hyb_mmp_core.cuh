@@ -110,8 +110,10 @@ __device__ __forceinline__ int hy_sb_stride(int gpr) { return gpr * 64 + ((64 - 
 // alone. With SB (one n-tile):
 // each warp first stages its own groups of the call's 3 n columns after the warps' rings (column
 // c at c hy_sb_stride(gpr)) and reads each group's B fragments there instead of from L2 (the
-// same values, so the same sums).
-template <int NC, int NTC, int TB, int KS, int S, int WH, bool SB = false>
+// same values, so the same sums). With UNR, whole stages run S at a time (the loop unrolled by
+// the ring's depth), so every stage's slot and the slot its issue refills are constants: the ring
+// reads, copies and B loads take immediate offsets (the same sums).
+template <int NC, int NTC, int TB, int KS, int S, int WH, bool SB = false, bool UNR = false>
 __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                            const bf16* p2, int xs, int n, int cols, int total,
                                            HySmem<NC, TB, KS>& sm) {
@@ -165,8 +167,8 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     };
     // stage i's copies into slot i % S; every lane commits a group, copies or not, so the counts
     // stay uniform
-    auto issue = [&](int i) {
-        const u32 slot = ring + (i & (S - 1)) * STAGE;
+    auto issue = [&](int i, int k) {
+        const u32 slot = ring + k * STAGE;
         const int uw = lane >> 4;
         bool ok0, ok1, okc;
         if (TB == 2) {
@@ -224,7 +226,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     // the first item's weights in flight and its rung table made (from data no kernel writes)
     // before pdl_begin; the activations and the residual after it
     locate(bi);
-    for (int i = 0; i < S - 1; ++i) issue(i);
+    for (int i = 0; i < S - 1; ++i) issue(i, i);
     lad_load();
     lad_store();
     pdl_begin();
@@ -268,13 +270,14 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             for (int j = 0; j < NTC; ++j) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.0f;
         // stage i's units; a whole stage (all GS groups < ng, every stage but maybe the last)
         // without the per-group exit, so its units' decode, mma and scaling interleave
-        auto stage = [&](int i, bool whole) {
+        // (k: stage i's slot, i % S, a constant where the caller's loop is unrolled by S)
+        auto stage = [&](int i, int k, bool whole) {
             // this lane's copies of stage i done, then every lane's (and every lane is past
             // stage i - 1, whose slot the next issue refills)
             cp_async_wait<S - 2>();
             __syncwarp();
-            issue(i + S - 1);
-            const unsigned char* st = ringp + (i & (S - 1)) * STAGE;
+            issue(i + S - 1, (k + S - 1) & (S - 1));
+            const unsigned char* st = ringp + k * STAGE;
 #pragma unroll
             for (int gu = 0; gu < GS; ++gu) {
                 const int gr = i * GS + gu;  // the group, from g_lo
@@ -309,8 +312,16 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             }
         };
         const int nwhole = NTC <= WH ? ng / GS : 0;
-        for (int i = 0; i < nwhole; ++i) stage(i, true);
-        for (int i = nwhole; i < nst; ++i) stage(i, false);
+        // (UNR: whole stages S at a time, each one's slot a constant)
+        int i = 0;
+        if (UNR) {
+            for (; i + S <= nwhole; i += S) {
+#pragma unroll
+                for (int k = 0; k < S; ++k) stage(i + k, k, true);
+            }
+        }
+        for (; i < nwhole; ++i) stage(i, i & (S - 1), true);
+        for (; i < nst; ++i) stage(i, i & (S - 1), false);
         // this item's outputs; then the next item's first stages and ladders go out before the
         // reduction, so its memory latency hides behind it (every lane past its last stage first:
         // the refill reuses the slots)
@@ -319,7 +330,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         const int bn = bi + (int)gridDim.x;
         if (bn < total) {
             locate(bn);
-            for (int i = 0; i < S - 1; ++i) issue(i);
+            for (int i = 0; i < S - 1; ++i) issue(i, i);
             pf_res();
             lad_load();
         }
