@@ -11,9 +11,12 @@
 // loses (9B attention in at 8 rows 21.9 against 18.6 us), at 2 it gains (27B q at 4 rows 17.3 /
 // 17.6). hy_mmp_1 at KS 16 too (hy_mmr has KS 8 alone), us at 1 / 3 / 8 rows, whole against not:
 // 9B o 5.65 / 6.55 / 7.88 against 5.73 / 6.92 / 8.02, 9B down 13.93 / 15.73 at 3 / 8 rows against
-// 15.06 / 16.54 (12.22 against 12.77 at 2). hy_mmv (one n-tile) takes them at KS 8 alone: under
-// hy_mmv_{TB}_16's register cap they spill (9B gate/up at one row 24.2 against 23.5 us, down 16.1
-// against 15.3).
+// 15.06 / 16.54 (12.22 against 12.77 at 2). hy_mmv (one n-tile) takes them at KS 8, and hy_mmvs
+// at KS 16 too (one block an SM: 128 registers, the whole-stage loop without a spill; session 18,
+// bench_kernels --models 9B,27B --rows 1 --variants all: 9B down on hy_mmvs_2_16 11.40 against
+// 10.37 us, bench_decode 9b step 2.1528 / 2.1485 against 2.1112 / 2.1122 ms, 27b 6.335 against
+// 6.346); under hy_mmv_{TB}_16's register cap they spill (9B gate/up at one row 24.2 against 23.5
+// us, down 16.1 against 15.3).
 #ifndef HY_MMP_WH
 #define HY_MMP_WH 3
 #endif
@@ -127,7 +130,7 @@ __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0
     const int sb = SB ? 3 * n * hy_sb_stride(cols >> 5) : 0;
     const int total = hy_items<TB>(jobs, nj, KS * HY_MV_STAGES * HY_STAGE + sb, p0, p1, p2, xs, n);
     if ((int)blockIdx.x >= total) return;
-    hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, KS == 8 ? 1 : 0, SB, TB == 2>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
+    hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, (KS == 8 || SB) ? 1 : 0, SB, TB == 2>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
 }
 
 // hy_mmr_{NTC}_{TB}_8: hy_mmp_1_{TB}_8's hy_mmp_run alone, for calls that fill NTC n-tiles (2:
@@ -147,8 +150,8 @@ __device__ __forceinline__ void hy_mmr(const HyJob* jobs, int nj, const bf16* p0
 }
 
 // Blocks an SM should fit of each (NT, KS), of hy_mmv's KS and of hy_mmvs' (whose staged columns
-// leave room for fewer: the 9B down's 165 KB one at KS 16, where hy_mmvs_2_16 takes 95 registers
-// without a spill, against 64 and 4 bytes under hy_mmv's cap of two): caps the registers (ptxas
+// leave room for fewer: the 9B down's 165 KB one at KS 16, where hy_mmvs_2_16 takes 128 registers
+// with its whole stages, against 64 and 4 bytes under hy_mmv's cap of two): caps the registers (ptxas
 // -v reports them). hy_mmv at KS 8 holds three (80 registers); four (64, its whole-stage loop
 // still without a spill) lose on the H200 (session 17, bench_kernels --models 9B --rows 1: 9B
 // gate/up 20.8 against 28.4 us, q 8.6 against 10.3; bench_decode 9b step 2.23 against 2.42 ms).
