@@ -73,30 +73,27 @@ def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, n: int) -> bo
     return grid >= min(items, ring_cap) and -(-items // grid) * gpr >= STAGE_MIN_GROUPS
 
 
-# Rounds of hy_mmv's grid over a call's items from which hy_mmp_1 takes it anyway (`fewer_waves`).
-STEADY_ROUNDS = 3
-
-
 def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
     """Whether a one- or two-row call over `items` work items takes hy_mmp_1 rather than hy_mmv (the
     same KS, so the same bits): when hy_mmp_1's grid (`cap_mmp` blocks resident on the card: fewer,
     with 128 registers a thread against hy_mmv's 80 or 64) walks the items in no more rounds than
-    hy_mmv's (`cap_mmv`), or hy_mmv's takes STEADY_ROUNDS rounds or more, where the blocks walk
-    items steadily and hy_mmp_1's each walk faster. H200, `bench_kernels --models 9B,27B --rows 1,2
-    --variants all`, us at one / two rows, hy_mmp_1 against hy_mmv (session12.md call 4): rounds
-    equal, it wins: 9B o and GDN out (128 items, one round each) 6.0 / 6.6 against 6.6 / 7.3, 9B
-    down at two rows 13.8 against 15.0, 27B attention in (448 items, two rounds each) 18.2 / 20.7
-    against 20.6 / 26.8, 27B GDN in 18.5 / 21.4 against 21.2 / 27.4; a round more, it loses: 9B
-    attention in (320 items: two rounds against one) 14.8 / 16.8 against 10.5 / 12.1, 9B gate/up
-    (768: three against two) 21.79 / 21.78 against 20.94 / 20.81 (sessions 15 / 14), 27B o 12.1
-    against 10.7, 27B down 30.8 against 25.6; from three rounds on hy_mmv it wins (sessions 15 /
-    14, then session 16): 27B gate/up (1088 items, three rounds) 35.75 / 36.04 against 36.02 /
-    36.77 (35.97 / 35.97 against 36.29 / 36.86), the 27B LM head (7760 items) 218.04 / 220.01
-    against 227.96 / 229.18 (two rows: 227.42 against 238.96), the 9B head (the same items) at two
-    rows 183.45 against 189.68 (181.45 against 192.29; at one row it stages, `stages_b`). With the
-    attention grid's rule (`book.attn_grid`) the 27B decode step went 6.567 -> 6.372 ms."""
+    hy_mmv's (`cap_mmv`). H200, `bench_kernels --models 9B,27B --rows 1,2 --variants all`, us at one
+    / two rows, hy_mmp_1 against hy_mmv (session12.md call 4): rounds equal, it wins: 9B o and GDN
+    out (128 items, one round each) 6.0 / 6.6 against 6.6 / 7.3, 9B down at two rows 13.8 against
+    15.0, 27B attention in (448 items, two rounds each) 18.2 / 20.7 against 20.6 / 26.8, 27B GDN in
+    18.5 / 21.4 against 21.2 / 27.4; a round more, it loses: 9B attention in (320 items: two rounds
+    against one) 14.8 / 16.8 against 10.5 / 12.1, 9B gate/up (768: three against two) 21.79 / 21.78
+    against 20.94 / 20.81 (sessions 15 / 14), 27B o 12.1 against 10.7, 27B down 30.8 against 25.6.
+    Until hy_mmv's whole stages ran unrolled (hy_mmp_run's UNR, session 18) hy_mmp_1 took the calls
+    of three rounds and more on hy_mmv's grid too, where it won by 1-6% (27B gate/up, the LM heads);
+    since then hy_mmv wins there as well (session 18 call 4, `bench_kernels --models 9B,27B --rows
+    1,2 --matrices gate_up,head`, hy_mmv_2_8 against hy_mmp_1_2_8): 27B gate/up (1088 items)
+    34.52 / 34.40 against 36.25 / 36.31, the 27B LM head (7760 items) 211.3 / 223.6 against 216.0 /
+    224.0, the 9B head at two rows 179.6 against 193.8 (at one row it stages, `stages_b`);
+    `bench_decode --shapes 27b` step 6.3533 / 6.4274 against 6.2624 / 6.3423 ms (device, two runs
+    each), 9b 2.1067 against 2.1009."""
     rounds_mmv = -(-items // cap_mmv)
-    return -(-items // cap_mmp) <= rounds_mmv or rounds_mmv >= STEADY_ROUNDS
+    return -(-items // cap_mmp) <= rounds_mmv
 
 
 def one_wave(items: int, cap_mmp: int, cap_mmr: int) -> bool:

@@ -235,7 +235,7 @@ def test_mmp_launches_take_their_variants_ring():
             ms.launch(ctx, fx, p, n, *var, lean=True)
 
 
-def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds_or_many():
+def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds():
     """fewer_waves on the shapes it was measured on (132 SMs; hy_mmv / hy_mmp_1 blocks resident:
     KS 16 264 / 132, KS 8 396 / 264), and `choice` on a fake card: one and two rows only, the
     set's TB and KS kept, staging first."""
@@ -247,8 +247,8 @@ def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds_or_many():
     assert not mma_rules.fewer_waves(320, 396, 264)  # 9B attention in: two rounds against one
     assert not mma_rules.fewer_waves(768, 396, 264)  # 9B gate/up: three against two
     assert not mma_rules.fewer_waves(160, 264, 132)  # 27B o, down at KS 16 (KS 8 since session 15)
-    assert mma_rules.fewer_waves(1088, 396, 264)  # 27B gate/up: three rounds on hy_mmv, steady
-    assert mma_rules.fewer_waves(7760, 396, 264)  # the LM heads: twenty
+    assert not mma_rules.fewer_waves(1088, 396, 264)  # 27B gate/up: five rounds against three
+    assert not mma_rules.fewer_waves(7760, 396, 264)  # the LM heads: thirty against twenty
 
     class Wide(_Mat):
         cols = 4096
