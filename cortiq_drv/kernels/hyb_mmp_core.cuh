@@ -165,8 +165,8 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
              ((size_t)tile0 * gpr + (TB == 2 ? (uc & 1) * gpr + (uc >> 1) : uc) + g_lo) * 16;
         lsrc = (const float*)jobs[ji].aux1 + (size_t)tile0 * 32;
     };
-    // stage i's copies into slot i % S; every lane commits a group, copies or not, so the counts
-    // stay uniform
+    // stage i's copies into ring slot k (i % S); every lane commits a group, copies or not, so
+    // the counts stay uniform
     auto issue = [&](int i, int k) {
         const u32 slot = ring + k * STAGE;
         const int uw = lane >> 4;
