@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 from cortiq_drv import knobs
 from cortiq_drv.atomic import write_atomic
@@ -42,6 +43,26 @@ def _ok(nv, out, call: str):
         name = nv.nvrtcGetErrorString(err)[1]
         raise NvrtcError(f"{call}: {name.decode() if name else err}")
     return out[1] if len(out) == 2 else None
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+
+
+def ptxas_report(log: str) -> list[tuple[str, int, int, int, int]]:
+    """(kernel, registers, stack, spill stores, spill loads) per entry of a compile log made with
+    -Xptxas=-v."""
+    rows, name, spill = [], None, (0, 0, 0)
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            name, spill = m.group(1), (0, 0, 0)
+        elif m := _SPILL.search(line):
+            spill = tuple(int(v) for v in m.groups())
+        elif (m := _REGS.search(line)) and name:
+            rows.append((name, int(m.group(1)), *spill))
+            name = None
+    return rows
 
 
 def nvrtc_version() -> tuple[int, int]:

@@ -165,7 +165,8 @@ class FakeEvent:
 
 class FakeFunc:
     """A kernel: its name and the registers a thread ptxas gives it on sm_90 under its launch
-    bounds (`REGS`; 64 for the kernels not listed), so the grid caps are the card's."""
+    bounds (`REGS`, which test_kernels_compile holds to ptxas' own; 64 for the kernels not
+    listed), so the grid caps are the card's."""
 
     REGS = {"hy_mmp_": 128, "hy_mmr_": 80, "hy_mmv_1_8": 80, "hy_mmv_2_8": 80, "hy_mmvs_1_8": 80,
             "hy_mmvs_2_8": 80, "hy_mmvs_1_16": 88, "hy_mmvs_2_16": 128}

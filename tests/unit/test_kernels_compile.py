@@ -16,6 +16,30 @@ def test_kernel_compiles(nvrtc_ok, name, arch):
     assert cubin.startswith(b"\x7fELF"), log
 
 
+def test_fake_card_registers_are_ptxas_own(nvrtc_ok):
+    """The fake card's register table (`_fakecard.FakeFunc.REGS`, from which its grid caps come)
+    holds what ptxas gives every weight-side kernel on sm_90, so a kernel change that moves a
+    count fails here instead of leaving the fake card's caps off the card's."""
+    import _fakecard
+    from cortiq_drv.hybrid import mma
+
+    _, log = nvrtc.compile_program(mma.weight_side_source(), nvrtc.options_for((), "sm_90", ["-Xptxas=-v"]),
+                                   "weights.cu")
+    ptxas = {k: regs for k, regs, *_ in nvrtc.ptxas_report(log) if k.startswith("hy_mm")}
+    assert len(ptxas) == 20
+    assert {k: _fakecard.FakeFunc(k).attr("NUM_REGS") for k in ptxas} == ptxas
+
+
+def test_ptxas_report_reads_each_entry():
+    log = ("ptxas info    : Compiling entry function 'a' for 'sm_90'\n"
+           "ptxas info    : Function properties for a\n"
+           "    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 80 registers, used 1 barriers\n"
+           "ptxas info    : Compiling entry function 'b' for 'sm_90'\n"
+           "ptxas info    : Used 32 registers\n")
+    assert nvrtc.ptxas_report(log) == [("a", 80, 24, 8, 12), ("b", 32, 0, 0, 0)]
+
+
 def test_basic_cu_is_among_the_kernel_files():
     assert "basic.cu" in kernel_files()
 
