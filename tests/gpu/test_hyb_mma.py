@@ -123,7 +123,13 @@ def two_mats(store, cols, rng):
     return out
 
 
-@pytest.mark.parametrize("cols", [1056, 4096])
+# Groups a warp walks: 1056: 4 or 5 at KS 8 (2 or 3 at KS 16), too few for an unrolled run of
+# whole stages (hy_mmp_run's UNR, TB 2); 4096: 16 (8), unrolled runs alone; 5152: 20 or 21 (10
+# or 11), unrolled runs, whole stages after them and a last partial stage.
+WIDTHS = [1056, 4096, 5152]
+
+
+@pytest.mark.parametrize("cols", WIDTHS)
 @pytest.mark.parametrize("var", VARIANTS, ids=vid)
 def test_mmp_matches_decode(ctx, fx, store, bufs, cols, var):
     rng = np.random.default_rng(cols + 100 * var[0] + 10 * var[1] + var[2] + 1000 * var[3])
@@ -190,7 +196,7 @@ def test_pair_epilogue(ctx, fx, store, bufs, var):
 
 
 @pytest.mark.parametrize("ks", [8, 16])
-@pytest.mark.parametrize("cols", [1056, 4096])
+@pytest.mark.parametrize("cols", WIDTHS)
 def test_rows_bit_for_bit_in_any_call(ctx, fx, store, bufs, ks, cols):
     """Row i of an n-row call (any NT, TB, form, position in the call) == the row in a one-row
     call."""
