@@ -115,7 +115,8 @@ def _still_held(hs, held, layers, pos0: int, n: int) -> bool:
     full admission of this (plan, sequence, first layer) resolved, each already at pos0 with room
     for n rows, so the full pass would change nothing (the loops run in C: map, set, min)."""
     descs, gkeys, gdn, kkeys, kv = held[:5]
-    if len(descs) != len(layers) or not all(map(is_, descs, layers)):
+    # (a caller passing its stack's own tuple again, as decode steps do, is held as it is)
+    if descs is not layers and (len(descs) != len(layers) or not all(map(is_, descs, layers))):
         return False
     if not all(map(is_, map(hs.gdn.get, gkeys), gdn)) or not set(map(_NEXT_POS, gdn)) <= {pos0}:
         return False

@@ -86,7 +86,7 @@ def records(stored: list, n: int) -> tuple:
     first = stored[0]
     if stored.count(first) == len(stored):
         rec = record(first, n)
-        return np.array(rec * len(stored), dtype=np.int32), first + n, rec[4]
+        return np.full((len(stored), 8), rec, dtype=np.int32).reshape(-1), first + n, rec[4]
     recs = {s: record(s, n) for s in set(stored)}
     ci = np.array([w for s in stored for w in recs[s]], dtype=np.int32)
     return ci, max(stored) + n, max(r[4] for r in recs.values())
