@@ -26,7 +26,8 @@ def test_fake_card_registers_are_ptxas_own(nvrtc_ok):
     _, log = nvrtc.compile_program(mma.weight_side_source(), nvrtc.options_for((), "sm_90", ["-Xptxas=-v"]),
                                    "weights.cu")
     ptxas = {k: regs for k, regs, *_ in nvrtc.ptxas_report(log) if k.startswith("hy_mm")}
-    assert len(ptxas) == 20
+    # every entry of the table names kernels that exist (a renamed one would fall back to 64)
+    assert all(any(k.startswith(p) for k in ptxas) for p in _fakecard.FakeFunc.REGS)
     assert {k: _fakecard.FakeFunc(k).attr("NUM_REGS") for k in ptxas} == ptxas
 
 
