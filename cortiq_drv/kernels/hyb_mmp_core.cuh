@@ -31,6 +31,15 @@ __device__ __forceinline__ void hy_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3,
 // The line holding p into L1 (no register, no wait): a later load of it hits there.
 __device__ __forceinline__ void hy_pf_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
+// The f32 at shared address a + OFF (the offset an immediate of the load, which the compiler does
+// not always fold from C++); ordered with the barriers and waits as the volatile asm around it.
+template <int OFF>
+__device__ __forceinline__ float hy_lds_f32(u32 a) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1+%2];" : "=f"(v) : "r"(a), "n"(OFF));
+    return v;
+}
+
 // An item's outputs from out_s (see hy_mmp): rows r < n of the item's tiles, per the job's kind.
 template <int NC, int TB, int KS>
 __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt, const float (*out_s)[16][8 * NC],
@@ -75,9 +84,13 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
 #define HY_STAGE 1088
 
 // The shared tables of an hy_mmp block (see hy_mmp).
+// lad[t][c][r] is rung c of tile t's row r: the eight rows a lookup's lanes read (gid, or gid +
+// 8) then fall in eight distinct banks whatever their codes (bank 16 (c & 1) + r), where a row of
+// 33 rungs gave bank r + c and random codes cost about 1.7 wavefronts a lookup (ncu, session 19:
+// 26% of hy_mmv_2_8's shared wavefronts excessive); lad_store writes it contiguously.
 template <int NC, int TB, int KS>
 struct HySmem {
-    float lad[TB][16][33];
+    float lad[TB][32][16];
     __align__(16) float red[KS][TB][128];
     float out[TB][16][8 * NC];
     // each warp's mbarrier of its staged columns' bulk copies (hy_mmvs, sm_90)
@@ -143,7 +156,9 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     const int sbs = hy_sb_stride(gpr);
     const u32 bsm = (u32)__cvta_generic_to_shared(hy_ring) + KS * S * STAGE;
     const u32 bsl = bsm + (u32)(min(gid, 3 * n - 1) * sbs + g_lo * 64 + (lane & 3) * 16);
-    const float* lrow = &sm.lad[0][gid][0];
+    // lad[0][0][gid]'s shared address: lad[t][c][gid] is t 2048 + c 64 bytes on, its row gid + 8
+    // 32 further
+    const u32 lrow = (u32)__cvta_generic_to_shared(&sm.lad[0][0][gid]);
     // the item being fetched: its job, tiles, this lane's copy sources and the rows left from its
     // first tile. Stage i holds units u = 0..3 (256 weight bytes each, then their 16 code bytes):
     // TB 2: tile u & 1 of group g_lo + 2 i + (u >> 1); TB 1: group g_lo + 4 i + u. Lane l copies
@@ -195,21 +210,22 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         const int r = k / (TB * 16), t = (k / 16) % TB, row = (tile0 + t) * 16 + k % 16;
         if (t < nvt && row < jb.rows) hy_pf_l1((const float*)jb.res + (size_t)r * jb.ystride + row);
     };
-    // the item's ladder table: this thread's entries k = tid + e KS 32 of lad (row params
-    // fetched early into lo_r / st_r, rungs made later); rows past the matrix get rung 0
+    // the item's ladder table: this thread's entries k = tid + e KS 32 of lad (flat: tile k >> 9,
+    // code (k >> 4) & 31, row k & 15; row params fetched early into lo_r / st_r, rungs made later);
+    // rows past the matrix get rung 0
     float lo_r[LE], st_r[LE];
     auto lad_load = [&]() {
 #pragma unroll
         for (int e = 0; e < LE; ++e) {
-            const int k = tid + e * KS * 32, r = (k >> 9) * 16 + ((k >> 5) & 15);
+            const int k = tid + e * KS * 32, r = (k >> 9) * 16 + (k & 15);
             hy_lad(lsrc, r, rleft, lo_r[e], st_r[e]);
         }
     };
     auto lad_store = [&]() {
 #pragma unroll
         for (int e = 0; e < LE; ++e) {
-            const int k = tid + e * KS * 32, c = k & 31;
-            sm.lad[k >> 9][(k >> 5) & 15][c] = hy_rung(lo_r[e], st_r[e], c);
+            const int k = tid + e * KS * 32, c = (k >> 4) & 31;
+            sm.lad[k >> 9][c][k & 15] = hy_rung(lo_r[e], st_r[e], c);
         }
     };
     // B fragments of group gr in bb[gr & 1] (GS is even, so the parity is gu's); an item's
@@ -226,6 +242,13 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     // the first item's weights in flight and its rung table made (from data no kernel writes)
     // before pdl_begin; the activations and the residual after it
     locate(bi);
+    if (TB == 2) {
+        // the ring's code bytes zeroed before its first copies: a tile past the matrix reads codes
+        // no copy of its item wrote, which must index lad (< 32)
+        for (int c = lane; c < S * 8; c += 32)
+            *(uint2*)(hy_ring + (w * S + (c >> 3)) * STAGE + 1024 + (c & 7) * 8) = make_uint2(0u, 0u);
+        __syncwarp();
+    }
     for (int i = 0; i < S - 1; ++i) issue(i, i);
     lad_load();
     lad_store();
@@ -288,14 +311,16 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
                 else
                     ldb(bc, gr, true);
                 // both tiles of the group (TB 2; a tile past the matrix computes stale ring
-                // bytes, its codes < 256 indexing inside sm, into sums never stored), or the one
+                // bytes, its codes an earlier item's or the ring's first zeros, into sums never
+                // stored), or the one
                 // tile
 #pragma unroll
                 for (int t = 0; t < TB; ++t) {
                     const int u = TB == 2 ? 2 * gu + t : gu;
                     const uint2 wv = *(const uint2*)(st + u * 256 + lane * 8);
-                    const float rl = lrow[t * 16 * 33 + st[1024 + u * 16 + gid]];
-                    const float rh = lrow[t * 16 * 33 + 8 * 33 + st[1024 + u * 16 + gid + 8]];
+                    const u32 cl = lrow + st[1024 + u * 16 + gid] * 64, ch = lrow + st[1024 + u * 16 + gid + 8] * 64;
+                    const float rl = t == 0 ? hy_lds_f32<0>(cl) : hy_lds_f32<2048>(cl);
+                    const float rh = t == 0 ? hy_lds_f32<32>(ch) : hy_lds_f32<2080>(ch);
                     u32 a[8];
                     hy_unit_a(wv, k_mask, k_magic, k_one, k_m136, a);
 #pragma unroll
