@@ -112,9 +112,15 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
 //   -> 19.98 us, attention in 10.33 -> 9.98, head (hy_mmvs_2_8) 176.6 -> 166.3; bench_decode 9b
 //   step 2.227 -> 2.148 ms, 27b the same (6.336 -> 6.338). Unrolled at TB 1 too, the 27B down
 //   (hy_mmv_1_8) loses (21.32 -> 21.94 us, 27b step 6.367 -> 6.448 ms); unrolled in every
-//   hy_mmp_run, every hy_mmp_1 call loses (session 17). Launch: block 32 * KS threads,
-//   dynamic shared memory KS * HY_MV_STAGES * HY_STAGE bytes (traps when given less); traps when
-//   n > 2. Assumptions as hy_mmp.
+//   hy_mmp_run, every hy_mmp_1 call loses (session 17). Where its whole stages run (KS 8, and
+//   hy_mmvs) it also fetches each item's ladder rows into L1 an item ahead (hy_mmp_run's PFL): ncu
+//   put 7.7% of hy_mmv_2_8's stall samples on the rung table waiting for lad_load (session 19);
+//   bench_kernels at one row: 9B gate/up 19.32 -> 18.82 us, down 10.35 -> 10.10, 27B gate/up
+//   33.63 -> 32.58, 27B LM head 206.9 -> 199.1; bench_decode 9b step 2.0564 / 2.0676 -> 2.0364 /
+//   2.0382 ms, 27b 6.1935 / 6.1901 -> 6.107 / 6.0999. In every hy_mmp_run it spills hy_mmp_1's
+//   loops (stack 40 -> 144 bytes, and 8 rows lose); under hy_mmv_{TB}_16's 64 registers it grows
+//   the stack. Launch: block 32 * KS threads, dynamic shared memory KS * HY_MV_STAGES * HY_STAGE
+//   bytes (traps when given less); traps when n > 2. Assumptions as hy_mmp.
 // hy_mmvs_{TB}_{KS}: hy_mmv_{TB}_{KS} with the call's B staged (SB, see hy_mmp_run): each warp
 //   first copies its groups of the 3 n plane columns into shared memory after the rings (sm_90:
 //   one bulk copy a column on the warp's mbarrier, so it does not wait for the weight stages in
@@ -130,7 +136,8 @@ __device__ __forceinline__ void hy_mmv(const HyJob* jobs, int nj, const bf16* p0
     const int sb = SB ? 3 * n * hy_sb_stride(cols >> 5) : 0;
     const int total = hy_items<TB>(jobs, nj, KS * HY_MV_STAGES * HY_STAGE + sb, p0, p1, p2, xs, n);
     if ((int)blockIdx.x >= total) return;
-    hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, (KS == 8 || SB) ? 1 : 0, SB, TB == 2>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
+    constexpr bool WHOLE = KS == 8 || SB;
+    hy_mmp_run<3, 1, TB, KS, HY_MV_STAGES, WHOLE ? 1 : 0, SB, TB == 2, WHOLE>(jobs, nj, p0, p1, p2, xs, n, cols, total, sm);
 }
 
 // hy_mmr_{NTC}_{TB}_8: hy_mmp_1_{TB}_8's hy_mmp_run alone, for calls that fill NTC n-tiles (2:

@@ -125,8 +125,9 @@ __device__ __forceinline__ int hy_sb_stride(int gpr) { return gpr * 64 + ((64 - 
 // c at c hy_sb_stride(gpr)) and reads each group's B fragments there instead of from L2 (the
 // same values, so the same sums). With UNR, whole stages run S at a time (the loop unrolled by
 // the ring's depth), so every stage's slot and the slot its issue refills are constants: the ring
-// reads, copies and B loads take immediate offsets (the same sums).
-template <int NC, int NTC, int TB, int KS, int S, int WH, bool SB = false, bool UNR = false>
+// reads, copies and B loads take immediate offsets (the same sums). With PFL, each item's ladder
+// rows go into L1 while the item before it streams (the same values).
+template <int NC, int NTC, int TB, int KS, int S, int WH, bool SB = false, bool UNR = false, bool PFL = false>
 __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16* p0, const bf16* p1,
                                            const bf16* p2, int xs, int n, int cols, int total,
                                            HySmem<NC, TB, KS>& sm) {
@@ -210,6 +211,12 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         const int r = k / (TB * 16), t = (k / 16) % TB, row = (tile0 + t) * 16 + k % 16;
         if (t < nvt && row < jb.rows) hy_pf_l1((const float*)jb.res + (size_t)r * jb.ystride + row);
     };
+    // PFL: the ladder rows of the item after the located one into L1 (where it is of the same
+    // job), a whole item ahead of the lad_load that reads them
+    auto pf_lad = [&]() {
+        const int r0 = (tile0 + (int)gridDim.x * TB + tid) * 16;
+        if (PFL && tid < TB && r0 < jobs[ji].rows) hy_pf_l1(lsrc + ((size_t)gridDim.x * TB + tid) * 32);
+    };
     // the item's ladder table: this thread's entries k = tid + e KS 32 of lad (flat: tile k >> 9,
     // code (k >> 4) & 31, row k & 15; row params fetched early into lo_r / st_r, rungs made later);
     // rows past the matrix get rung 0
@@ -242,6 +249,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     // the first item's weights in flight and its rung table made (from data no kernel writes)
     // before pdl_begin; the activations and the residual after it
     locate(bi);
+    pf_lad();
     if (TB == 2) {
         // the ring's code bytes zeroed before its first copies: a tile past the matrix reads codes
         // no copy of its item wrote, which must index lad (< 32)
@@ -355,6 +363,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         const int bn = bi + (int)gridDim.x;
         if (bn < total) {
             locate(bn);
+            pf_lad();
             for (int i = 0; i < S - 1; ++i) issue(i, i);
             pf_res();
             lad_load();

@@ -169,7 +169,7 @@ class FakeFunc:
     listed), so the grid caps are the card's."""
 
     REGS = {"hy_mmp_": 128, "hy_mmr_": 80, "hy_mmv_1_8": 80, "hy_mmv_2_8": 80, "hy_mmvs_1_8": 80,
-            "hy_mmvs_2_8": 80, "hy_mmvs_1_16": 90, "hy_mmvs_2_16": 128}
+            "hy_mmvs_2_8": 80, "hy_mmvs_1_16": 92, "hy_mmvs_2_16": 128}
 
     def __init__(self, name: str):
         self.name = name
