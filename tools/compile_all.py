@@ -29,9 +29,9 @@ def main(argv=None) -> int:
             failed += 1
             continue
         print(f"{name}: {a.arch} in {time.perf_counter() - t0:.2f} s")
-        for kern, regs, stack, st, ld in ptxas_report(log):
+        for kern, regs, stack, st, ld, smem in ptxas_report(log):
             warn = "  <-- spills" if st or ld else ""
-            print(f"  {kern:40s} regs {regs:4d}  stack {stack:5d}  spill st {st:5d} ld {ld:5d}{warn}")
+            print(f"  {kern:40s} regs {regs:4d}  stack {stack:5d}  spill st {st:5d} ld {ld:5d}  smem {smem:6d}{warn}")
     return 1 if failed else 0
 
 

@@ -48,11 +48,12 @@ def _ok(nv, out, call: str):
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
 
 
-def ptxas_report(log: str) -> list[tuple[str, int, int, int, int]]:
-    """(kernel, registers, stack, spill stores, spill loads) per entry of a compile log made with
-    -Xptxas=-v."""
+def ptxas_report(log: str) -> list[tuple[str, int, int, int, int, int]]:
+    """(kernel, registers, stack, spill stores, spill loads, static shared memory bytes) per entry
+    of a compile log made with -Xptxas=-v."""
     rows, name, spill = [], None, (0, 0, 0)
     for line in log.splitlines():
         if m := _ENTRY.search(line):
@@ -60,7 +61,8 @@ def ptxas_report(log: str) -> list[tuple[str, int, int, int, int]]:
         elif m := _SPILL.search(line):
             spill = tuple(int(v) for v in m.groups())
         elif (m := _REGS.search(line)) and name:
-            rows.append((name, int(m.group(1)), *spill))
+            smem = _SMEM.search(line)
+            rows.append((name, int(m.group(1)), *spill, int(smem.group(1)) if smem else 0))
             name = None
     return rows
 

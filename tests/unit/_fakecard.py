@@ -164,12 +164,19 @@ class FakeEvent:
 
 
 class FakeFunc:
-    """A kernel: its name and the registers a thread ptxas gives it on sm_90 under its launch
-    bounds (`REGS`, which test_kernels_compile holds to ptxas' own; 64 for the kernels not
-    listed), so the grid caps are the card's."""
+    """A kernel: its name, the registers a thread ptxas gives it on sm_90 under its launch bounds
+    (`REGS`; 64 for the kernels not listed) and its static shared memory (`SMEM`, the weight-side
+    kernels'; 0 for the others), both of which test_kernels_compile holds to ptxas' own, so the
+    grid caps are the card's."""
 
     REGS = {"hy_mmp_": 128, "hy_mmr_": 80, "hy_mmv_1_8": 80, "hy_mmv_2_8": 80, "hy_mmvs_1_8": 80,
             "hy_mmvs_2_8": 80, "hy_mmvs_1_16": 92, "hy_mmvs_2_16": 128}
+    # HySmem<NC, TB, KS>: the rung tables, the warps' sums, the outputs, the mbarriers
+    SMEM = {"hy_mmp_1_1_8": 7744, "hy_mmp_1_1_16": 11904, "hy_mmp_1_2_8": 15424, "hy_mmp_1_2_16": 23680,
+            "hy_mmp_2_1_8": 9280, "hy_mmp_2_1_16": 13440, "hy_mmp_2_2_8": 18496, "hy_mmp_2_2_16": 26752,
+            "hy_mmr_2_1_8": 7744, "hy_mmr_2_2_8": 15424, "hy_mmr_3_1_8": 7744, "hy_mmr_3_2_8": 15424,
+            "hy_mmv_1_8": 7744, "hy_mmv_1_16": 11904, "hy_mmv_2_8": 15424, "hy_mmv_2_16": 23680,
+            "hy_mmvs_1_8": 7744, "hy_mmvs_1_16": 11904, "hy_mmvs_2_8": 15424, "hy_mmvs_2_16": 23680}
 
     def __init__(self, name: str):
         self.name = name
@@ -179,7 +186,7 @@ class FakeFunc:
 
     def attr(self, name: str) -> int:
         regs = next((r for k, r in self.REGS.items() if self.name.startswith(k)), 64)
-        return {"NUM_REGS": regs}.get(name, 0)
+        return {"NUM_REGS": regs, "SHARED_SIZE_BYTES": self.SMEM.get(self.name, 0)}.get(name, 0)
 
 
 class FakeModule:

@@ -362,13 +362,19 @@ def test_one_row_calls_stage_their_columns_where_it_pays():
     p = mma.Planes(0x10000, 0x20000, 0x30000, 12288)
     ms.run(ctx, fx, p, 12288, 1)
     ms.run(ctx, fx, p, 12288, 2)
-    ms.launch(ctx, fx, p, 2, 0, 2, 16, staged=True)
     ms.launch(ctx, fx, p, 1, 0, 2, 16, staged=False)
-    one, two = mma.staged_b_bytes(12288, 1), mma.staged_b_bytes(12288, 2)
+    one = mma.staged_b_bytes(12288, 1)
     # two rows: no staging; hy_mmp_1 (one block an SM) walks the 128 items in one round as hy_mmv does
     assert ctx.launches == [("hy_mmvs_2_16", 128, ring + one),
                             ("hy_mmp_1_2_16", 128, mma.ring_bytes(16, mma.RUN_STAGES)),
-                            ("hy_mmvs_2_16", 128, ring + two), ("hy_mmv_2_16", 128, ring)]
+                            ("hy_mmv_2_16", 128, ring)]
+    # two rows' six columns 12288 wide do not fit beside hy_mmvs_2_16's rings and its static tables
+    # (ptxas: 23 680 bytes) in the card's 232 448: a forced staging is refused, nothing launched
+    ctx.launches.clear()
+    assert ring + mma.staged_b_bytes(12288, 2) + _fakecard.FakeFunc.SMEM["hy_mmvs_2_16"] > ctx.smem_optin
+    with pytest.raises(CortiqError, match="need room for their columns beside the rings"):
+        ms.launch(ctx, fx, p, 2, 0, 2, 16, staged=True)
+    assert ctx.launches == []
     # planes that do not take 16-byte loads, or a partial group of columns: refused, nothing launched
     ctx.launches.clear()
     for bad, n in ((mma.Planes(0x10008, 0x20000, 0x30000, 12288), 1),

@@ -16,29 +16,35 @@ def test_kernel_compiles(nvrtc_ok, name, arch):
     assert cubin.startswith(b"\x7fELF"), log
 
 
-def test_fake_card_registers_are_ptxas_own(nvrtc_ok):
-    """The fake card's register table (`_fakecard.FakeFunc.REGS`, from which its grid caps come)
-    holds what ptxas gives every weight-side kernel on sm_90, so a kernel change that moves a
-    count fails here instead of leaving the fake card's caps off the card's."""
+def test_fake_card_registers_and_shared_memory_are_ptxas_own(nvrtc_ok):
+    """The fake card's register and static shared memory tables (`_fakecard.FakeFunc.REGS` and
+    `SMEM`, from which its grid caps come) hold what ptxas gives every weight-side kernel on
+    sm_90, so a kernel change that moves a count fails here instead of leaving the fake card's
+    caps off the card's (a static size of 0 let the fake card fit three staged 5120-wide blocks
+    an SM where the card fits two)."""
     import _fakecard
     from cortiq_drv.hybrid import mma
 
     _, log = nvrtc.compile_program(mma.weight_side_source(), nvrtc.options_for((), "sm_90", ["-Xptxas=-v"]),
                                    "weights.cu")
-    ptxas = {k: regs for k, regs, *_ in nvrtc.ptxas_report(log) if k.startswith("hy_mm")}
-    # every entry of the table names kernels that exist (a renamed one would fall back to 64)
-    assert all(any(k.startswith(p) for k in ptxas) for p in _fakecard.FakeFunc.REGS)
-    assert {k: _fakecard.FakeFunc(k).attr("NUM_REGS") for k in ptxas} == ptxas
+    rows = [r for r in nvrtc.ptxas_report(log) if r[0].startswith("hy_mm")]
+    regs = {k: r for k, r, *_ in rows}
+    smem = {k: r[-1] for k, *r in rows}
+    # every entry of the tables names kernels that exist (a renamed one would fall back to 64 / 0)
+    assert all(any(k.startswith(p) for k in regs) for p in _fakecard.FakeFunc.REGS)
+    assert set(_fakecard.FakeFunc.SMEM) == set(smem)
+    assert {k: _fakecard.FakeFunc(k).attr("NUM_REGS") for k in regs} == regs
+    assert {k: _fakecard.FakeFunc(k).attr("SHARED_SIZE_BYTES") for k in smem} == smem
 
 
 def test_ptxas_report_reads_each_entry():
     log = ("ptxas info    : Compiling entry function 'a' for 'sm_90'\n"
            "ptxas info    : Function properties for a\n"
            "    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
-           "ptxas info    : Used 80 registers, used 1 barriers\n"
+           "ptxas info    : Used 80 registers, used 1 barriers, 15424 bytes smem\n"
            "ptxas info    : Compiling entry function 'b' for 'sm_90'\n"
            "ptxas info    : Used 32 registers\n")
-    assert nvrtc.ptxas_report(log) == [("a", 80, 24, 8, 12), ("b", 32, 0, 0, 0)]
+    assert nvrtc.ptxas_report(log) == [("a", 80, 24, 8, 12, 15424), ("b", 32, 0, 0, 0, 0)]
 
 
 def test_basic_cu_is_among_the_kernel_files():
