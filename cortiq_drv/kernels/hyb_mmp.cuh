@@ -71,8 +71,9 @@ __device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring, con
 //   28.0 / 34.2 / 62.3, 9B head 334 / 399 / 671 against 262 / 322 / 615, 27B gate/up 85.2 / 101.8
 //   / 174.9 against 53.7 / 62.7 / 122.6, 27B head 408 / 485 / 802 against 314 / 399 / 758.)
 //   PDL (common.cuh): hy_mmp_run fetches the first item's weight stages and makes its rung table
-//   before pdl_begin() (weights, codes and ladders are written only by hy_repack and uploads,
-//   which their callers sync after), all else after it.
+//   (with PFL, also prefetches the next item's ladder rows) before pdl_begin() (weights, codes and
+//   ladders are written only by hy_repack and uploads, which their callers sync after), all else
+//   after it.
 //   Launch: block 32 * KS threads, dynamic shared memory KS * HY_RUN_STAGES * HY_STAGE bytes (traps
 //   when given less, or given planes not 16-byte aligned or, past one row, xs % 8 != 0). Assumes
 //   n <= 8 NT, cols % 32 == 0, 16-byte aligned tiles and codes (mat_planes aligns them to 256).

@@ -246,8 +246,9 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             hy_ldb<NTC>(b, bq, gr, ok);
         }
     };
-    // the first item's weights in flight and its rung table made (from data no kernel writes)
-    // before pdl_begin; the activations and the residual after it
+    // the first item's weights in flight, its rung table made and (PFL) the next item's ladder
+    // rows fetched, all from data no kernel writes, before pdl_begin; the activations and the
+    // residual after it
     locate(bi);
     pf_lad();
     if (TB == 2) {
@@ -320,8 +321,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
                     ldb(bc, gr, true);
                 // both tiles of the group (TB 2; a tile past the matrix computes stale ring
                 // bytes, its codes an earlier item's or the ring's first zeros, into sums never
-                // stored), or the one
-                // tile
+                // stored), or the one tile
 #pragma unroll
                 for (int t = 0; t < TB; ++t) {
                     const int u = TB == 2 ? 2 * gu + t : gu;
