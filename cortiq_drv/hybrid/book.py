@@ -83,13 +83,12 @@ def records(stored: list, n: int) -> tuple:
     repeated: the path a decode step takes); otherwise one record per distinct row count."""
     if not stored:
         return np.zeros(0, dtype=np.int32), 0, 0
-    first = stored[0]
-    if stored.count(first) == len(stored):
-        rec = record(first, n)
-        return np.full((len(stored), 8), rec, dtype=np.int32).reshape(-1), first + n, rec[4]
     recs = {s: record(s, n) for s in set(stored)}
-    ci = np.array([w for s in stored for w in recs[s]], dtype=np.int32)
-    return ci, max(stored) + n, max(r[4] for r in recs.values())
+    if len(recs) == 1:
+        ci = np.full((len(stored), 8), recs[stored[0]], dtype=np.int32).reshape(-1)
+    else:
+        ci = np.array([recs[s] for s in stored], dtype=np.int32).reshape(-1)
+    return ci, max(recs) + n, max(r[4] for r in recs.values())
 
 
 def scratch_sizes(nh: int, hd: int, keys_max: int, nbcap_max: int, kcap: int | None) -> dict:

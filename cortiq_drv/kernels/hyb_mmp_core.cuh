@@ -157,8 +157,9 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     const int sbs = hy_sb_stride(gpr);
     const u32 bsm = (u32)__cvta_generic_to_shared(hy_ring) + KS * S * STAGE;
     const u32 bsl = bsm + (u32)(min(gid, 3 * n - 1) * sbs + g_lo * 64 + (lane & 3) * 16);
-    // lad[0][0][gid]'s shared address: lad[t][c][gid] is t 2048 + c 64 bytes on, its row gid + 8
-    // 32 further
+    // lad[0][0][gid]'s shared address: lad[t][c][gid] is t LT + c LC bytes on, its row gid + 8 LH
+    // further
+    constexpr int LT = sizeof(sm.lad[0]), LC = sizeof(sm.lad[0][0]), LH = 8 * sizeof(float);
     const u32 lrow = (u32)__cvta_generic_to_shared(&sm.lad[0][0][gid]);
     // the item being fetched: its job, tiles, this lane's copy sources and the rows left from its
     // first tile. Stage i holds units u = 0..3 (256 weight bytes each, then their 16 code bytes):
@@ -326,9 +327,9 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
                 for (int t = 0; t < TB; ++t) {
                     const int u = TB == 2 ? 2 * gu + t : gu;
                     const uint2 wv = *(const uint2*)(st + u * 256 + lane * 8);
-                    const u32 cl = lrow + st[1024 + u * 16 + gid] * 64, ch = lrow + st[1024 + u * 16 + gid + 8] * 64;
-                    const float rl = t == 0 ? hy_lds_f32<0>(cl) : hy_lds_f32<2048>(cl);
-                    const float rh = t == 0 ? hy_lds_f32<32>(ch) : hy_lds_f32<2080>(ch);
+                    const u32 cl = lrow + st[1024 + u * 16 + gid] * LC, ch = lrow + st[1024 + u * 16 + gid + 8] * LC;
+                    const float rl = t == 0 ? hy_lds_f32<0>(cl) : hy_lds_f32<LT>(cl);
+                    const float rh = t == 0 ? hy_lds_f32<LH>(ch) : hy_lds_f32<LT + LH>(ch);
                     u32 a[8];
                     hy_unit_a(wv, k_mask, k_magic, k_one, k_m136, a);
 #pragma unroll

@@ -29,7 +29,7 @@ def test_fake_card_registers_and_shared_memory_are_ptxas_own(nvrtc_ok):
                                    "weights.cu")
     rows = [r for r in nvrtc.ptxas_report(log) if r[0].startswith("hy_mm")]
     regs = {k: r for k, r, *_ in rows}
-    smem = {k: r[-1] for k, *r in rows}
+    smem = {k: sm for k, *_, sm in rows}
     # every entry of the tables names kernels that exist (a renamed one would fall back to 64 / 0)
     assert all(any(k.startswith(p) for k in regs) for p in _fakecard.FakeFunc.REGS)
     assert set(_fakecard.FakeFunc.SMEM) == set(smem)
