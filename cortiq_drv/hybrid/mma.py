@@ -307,8 +307,9 @@ class MmaSet:
         """Whether a call of `n` rows at (tb, ks) stages its columns (hy_mmvs) by the rules: room
         for the columns (hy_mmvs takes one or two rows) and `stages_b`."""
         shape = fx.staged_shape(tb, ks, self.cols, n) if n <= 2 else None
-        return shape is not None and stages_b(self.blocks[tb - 1], self.cols // 32,
-                                              fx.grid_cap[0][tb - 1][int(ks == 16)], shape[1], n)
+        ki = int(ks == 16)
+        return shape is not None and stages_b(self.blocks[tb - 1], self.cols // 32, fx.grid_cap[0][tb - 1][ki],
+                                              shape[1], fx.grid_cap[1][tb - 1][ki], n)
 
     def run(self, ctx, fx, p: Planes, cols: int, n: int) -> None:
         """The call's `n` rows of x (as planes) through every matrix (`MmaSet::run`, choosing as

@@ -57,20 +57,38 @@ def evens_tiles(items2: int, items1: int, sms: int, cap1: int) -> bool:
 STAGE_MIN_GROUPS = 384
 
 
-def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, n: int) -> bool:
+# Groups each block must walk for a one-row call that hy_mmp_1 would take (`fewer_waves`) to
+# stage its columns on fewer resident blocks than hy_mmv's grid (`stages_b`). H200 (session 19
+# call 6, `bench_kernels --models 9B,27B --rows 1 --variants all`), us, hy_mmvs_2_8 against
+# hy_mmp_1_2_8: 27B attention in (448 items of 160 groups, two rounds each) 16.47 against 17.63,
+# 27B GDN in 16.41 against 18.10; the 9B o (one round of 128 groups) loses staged, 5.79 against
+# 5.57. In the graph (session 20 call 1, `bench_decode --shapes 27b --source mem --skip-matvec
+# --tokens 16`, device ms, two runs each): 27b step 6.0868 / 6.0755 against 6.1836 / 6.1829.
+STAGE_FEW_GROUPS = 256
+
+
+def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, mmp_cap: int, n: int) -> bool:
     """Whether a call of `n` rows over `items` work items of `gpr` groups each takes hy_mmvs: one
     row, its bigger shared memory keeps every block the set could use resident (`ring_cap`,
     `staged_cap`: blocks resident without and with it), and each block walks STAGE_MIN_GROUPS
     groups or more, over which the copy pays (the 27B shape's down and head lose blocks: they
-    stay on hy_mmv). Two rows never stage since each lane's B fragments of a group are one
-    16-byte load (the planes' fragment order): H200, `bench_kernels --models 9B,27B --rows
-    2,4,8,16 --variants all` (session 14), us at two rows, staged against hy_mmv, where the rule
-    before it staged: 9B LM head 202.4 against 189.7, 27B head 250.1 against 229.2, 27B gate/up
+    stay on hy_mmv); or, with fewer blocks resident than hy_mmv's, in place of hy_mmp_1 (`mmp_cap`
+    blocks resident) where `fewer_waves` would take it, when its grid walks the items in no more
+    rounds than hy_mmp_1's and each block STAGE_FEW_GROUPS groups or more. Two rows never stage
+    since each lane's B fragments of a group are one 16-byte load (the planes' fragment order):
+    H200, `bench_kernels --models 9B,27B --rows 2,4,8,16 --variants all` (session 14), us at two
+    rows, staged against hy_mmv, where the rule before it staged: 9B LM head 202.4 against 189.7,
+    27B head 250.1 against 229.2, 27B gate/up
     38.3 against 36.8."""
     if n != 1:
         return False
     grid = min(items, staged_cap)
-    return grid >= min(items, ring_cap) and -(-items // grid) * gpr >= STAGE_MIN_GROUPS
+    walks = -(-items // grid) * gpr
+    if grid >= min(items, ring_cap):
+        return walks >= STAGE_MIN_GROUPS
+    # fewer blocks than hy_mmv's: in place of hy_mmp_1 alone, in no more rounds than its grid
+    return (fewer_waves(items, ring_cap, mmp_cap) and -(-items // staged_cap) <= -(-items // mmp_cap)
+            and walks >= STAGE_FEW_GROUPS)
 
 
 def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:

@@ -336,13 +336,20 @@ def test_one_row_calls_stage_their_columns_where_it_pays():
     and so are planes that do not take 16-byte loads."""
     import _fakecard
 
-    assert mma_rules.stages_b(128, 384, 264, 132, 1)  # 9B down: one item of 384 groups a block
-    assert mma_rules.stages_b(7760, 128, 396, 396, 1)  # 9B LM head: about 20 items of 128
-    assert not mma_rules.stages_b(768, 128, 396, 396, 1)  # 9B gate/up: two items of 128
-    assert not mma_rules.stages_b(160, 544, 264, 132, 1)  # 27B down: 28 items would wait for a second round
-    assert not mma_rules.stages_b(7760, 160, 396, 264, 1)  # 27B LM head: a block an SM fewer
+    assert mma_rules.stages_b(128, 384, 264, 132, 132, 1)  # 9B down: one item of 384 groups a block
+    assert mma_rules.stages_b(7760, 128, 396, 396, 264, 1)  # 9B LM head: about 20 items of 128
+    assert not mma_rules.stages_b(768, 128, 396, 396, 264, 1)  # 9B gate/up: two items of 128
+    # 27B down: 28 items would wait for a second round
+    assert not mma_rules.stages_b(160, 544, 264, 132, 132, 1)
+    # 27B LM head: a block an SM fewer, and hy_mmv's (thirty rounds staged against twenty)
+    assert not mma_rules.stages_b(7760, 160, 396, 264, 264, 1)
+    # fewer blocks than hy_mmv's, in place of hy_mmp_1 (fewer_waves) in no more rounds than it
+    assert mma_rules.stages_b(448, 160, 396, 264, 264, 1)  # 27B attention in: two rounds each
+    assert mma_rules.stages_b(516, 160, 396, 264, 264, 1)  # 27B GDN in
+    assert not mma_rules.stages_b(320, 544, 396, 132, 264, 1)  # 27B down at TB 1: hy_mmv's one round
     # two rows or more: never (the heads and the 27B gate/up staged before the planes' fragment order)
-    for shape in ((7760, 128, 396, 264), (7760, 160, 396, 264), (1088, 160, 396, 264), (128, 384, 264, 132)):
+    for shape in ((7760, 128, 396, 264, 264), (7760, 160, 396, 264, 264), (1088, 160, 396, 264, 264),
+                  (128, 384, 264, 132, 132)):
         assert not mma_rules.stages_b(*shape, 2) and not mma_rules.stages_b(*shape, 3)
     for gpr in (1, 2, 3, 128, 384, 544):
         per = mma.staged_b_bytes(32 * gpr, 1) // 3
