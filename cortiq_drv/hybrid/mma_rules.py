@@ -78,8 +78,7 @@ def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, mmp_cap: int,
     since each lane's B fragments of a group are one 16-byte load (the planes' fragment order):
     H200, `bench_kernels --models 9B,27B --rows 2,4,8,16 --variants all` (session 14), us at two
     rows, staged against hy_mmv, where the rule before it staged: 9B LM head 202.4 against 189.7,
-    27B head 250.1 against 229.2, 27B gate/up
-    38.3 against 36.8."""
+    27B head 250.1 against 229.2, 27B gate/up 38.3 against 36.8."""
     if n != 1:
         return False
     grid = min(items, staged_cap)
