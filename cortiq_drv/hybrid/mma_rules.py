@@ -67,6 +67,11 @@ STAGE_MIN_GROUPS = 384
 STAGE_FEW_GROUPS = 256
 
 
+def rounds(items: int, cap: int) -> int:
+    """Rounds in which a grid of `cap` resident blocks walks `items` work items."""
+    return -(-items // cap)
+
+
 def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, mmp_cap: int, n: int) -> bool:
     """Whether a call of `n` rows over `items` work items of `gpr` groups each takes hy_mmvs: one
     row, its bigger shared memory keeps every block the set could use resident (`ring_cap`,
@@ -81,13 +86,12 @@ def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, mmp_cap: int,
     27B head 250.1 against 229.2, 27B gate/up 38.3 against 36.8."""
     if n != 1:
         return False
-    grid = min(items, staged_cap)
-    walks = -(-items // grid) * gpr
-    if grid >= min(items, ring_cap):
-        return walks >= STAGE_MIN_GROUPS
+    staged = rounds(items, staged_cap)
+    if staged_cap >= min(items, ring_cap):
+        return staged * gpr >= STAGE_MIN_GROUPS
     # fewer blocks than hy_mmv's: in place of hy_mmp_1 alone, in no more rounds than its grid
-    return (fewer_waves(items, ring_cap, mmp_cap) and -(-items // staged_cap) <= -(-items // mmp_cap)
-            and walks >= STAGE_FEW_GROUPS)
+    return (fewer_waves(items, ring_cap, mmp_cap) and staged <= rounds(items, mmp_cap)
+            and staged * gpr >= STAGE_FEW_GROUPS)
 
 
 def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
@@ -109,8 +113,7 @@ def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
     224.0, the 9B head at two rows 179.6 against 193.8 (at one row it stages, `stages_b`);
     `bench_decode --shapes 27b` step 6.3533 / 6.4274 against 6.2624 / 6.3423 ms (device, two runs
     each), 9b 2.1067 against 2.1009."""
-    rounds_mmv = -(-items // cap_mmv)
-    return -(-items // cap_mmp) <= rounds_mmv
+    return rounds(items, cap_mmp) <= rounds(items, cap_mmv)
 
 
 def one_wave(items: int, cap_mmp: int, cap_mmr: int) -> bool:
