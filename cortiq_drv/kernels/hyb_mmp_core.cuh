@@ -4,7 +4,13 @@
 
 // Two nibbles (bits 0-3 and 16-19 of v) as the bf16 pair (n_lo - 8, n_hi - 8), exact: one lop3
 // makes the nibble the mantissa of 128 + n (mask and magic in registers, so it stays one
-// instruction), then fma(x, 1, -136).
+// instruction), then fma(x, 1, -136). Leaving the -136 out (A = 128 + n) and starting each unit's
+// mma from C = -136 times the group's column sums of B (an mma of the constant A = -136, once a
+// group and n-tile for both tiles) drops 8 of a unit's ~42 instructions but loses everywhere and
+// costs exactness (H200, session 22, bench_kernels --models 9B --rows 1,8, two runs each, us:
+// gate/up 18.98 / 19.09 -> 20.18 / 20.44 at one row, 32.29 / 32.26 -> 41.17 / 41.19 at 8; down
+// 10.19 / 10.36 -> 10.76 / 10.78; head 160.2 / 160.1 -> 168.1 / 167.1; the sums of terms 18x
+// larger cancel in f32: relative RMS up to 2.17e-6 against float64, hy_mmvs_1_16).
 __device__ __forceinline__ u32 hy_nib2(u32 v, u32 mask, u32 magic, u32 one, u32 m136) {
     u32 h, r;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(h) : "r"(v), "r"(mask), "r"(magic));
@@ -74,7 +80,11 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
 // (down at 3 rows 18.4 against 20.0 us, at 16 rows 52.5 against 54.3). Fetching a block's next
 // items into L2 ahead of its ring (cp.async.bulk.prefetch.L2, one or two items on) loses on every
 // shape (session 17: 9B gate/up at one row 20.9 against 25.5-26.1 us, decode step 2.23 against
-// 2.55-2.64 ms).
+// 2.55-2.64 ms). At one row 8 deep loses too, where a block's one item could then be all in flight
+// at once (session 22, bench_kernels --models 9B,27B --rows 1 --variants all, us, 4 against 8
+// deep): HY_RUN_STAGES, 9B o on hy_mmp_1_2_16 5.64 against 6.11, 9B down on hy_mmp_1_2_16 12.02
+// against 13.27; HY_MV_STAGES, 9B gate/up on hy_mmv_2_8 19.03 against 24.70, 27B 32.93 against
+// 39.77.
 #ifndef HY_RUN_STAGES
 #define HY_RUN_STAGES 4
 #endif
