@@ -9,8 +9,9 @@
 // group and n-tile for both tiles) drops 8 of a unit's ~42 instructions but loses everywhere and
 // costs exactness (H200, session 22, bench_kernels --models 9B --rows 1,8, two runs each, us:
 // gate/up 18.98 / 19.09 -> 20.18 / 20.44 at one row, 32.29 / 32.26 -> 41.17 / 41.19 at 8; down
-// 10.19 / 10.36 -> 10.76 / 10.78; head 160.2 / 160.1 -> 168.1 / 167.1; the sums of terms 18x
-// larger cancel in f32: relative RMS up to 2.17e-6 against float64, hy_mmvs_1_16).
+// 10.19 / 10.36 -> 10.76 / 10.78; head 160.2 / 160.1 -> 168.1 / 167.1; the sums of (128 + n) B,
+// up to 18 times those of (n - 8) B, cancel in f32: relative RMS up to 2.17e-6 against float64,
+// hy_mmvs_1_16, where the tests allow 2e-6).
 __device__ __forceinline__ u32 hy_nib2(u32 v, u32 mask, u32 magic, u32 one, u32 m136) {
     u32 h, r;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(h) : "r"(v), "r"(mask), "r"(magic));
@@ -20,6 +21,12 @@ __device__ __forceinline__ u32 hy_nib2(u32 v, u32 mask, u32 magic, u32 one, u32 
 
 // The eight A registers of one unit (its two k-steps) from the lane's two nibble words: a[0..3]
 // from w.x (k-step 0), a[4..7] from w.y (k-step 1), register m from the nibbles at bits 4m, 4m + 16.
+// The shifts stay on the ALU pipe: ncu puts hy_mmv_2_8 (9B gate/up, one row) at 37.7% of the ALU
+// pipe, its busiest, with 49.7% of the issue slots busy, so the loop waits on latencies, not on a
+// pipe; moving them to the FMA pipe as IMAD.HI (w * 2^28 >> 32) loses (session 22, bench_kernels
+// --models 9B,27B --rows 1,8, us, base against all six / w.y's three as IMAD.HI: 9B gate/up one
+// row 19.06 / 18.99 against 20.82 / 20.79 and 19.79 / 19.79, 27B gate/up 32.9 / 32.73 against
+// 37.55 / 37.48 and 34.64 / 34.64, 9B down 10.21 / 10.26 against 12.02 / 12.04 and 11.02 / 10.98).
 __device__ __forceinline__ void hy_unit_a(uint2 w, u32 mask, u32 magic, u32 one, u32 m136, u32* a) {
     const u32 v[8] = {w.x, w.x >> 4, w.x >> 8, w.x >> 12, w.y, w.y >> 4, w.y >> 8, w.y >> 12};
 #pragma unroll
