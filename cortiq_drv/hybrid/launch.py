@@ -31,6 +31,18 @@ PDL_KERNELS = ("hy_gdn_front", "hy_gdn_scan", "hy_gdn_scan4", "hy_gdn_out32", "h
                "hy_scores", "hy_values", "hy_finish", "hy_argmax")
 
 
+# The most rows at which a GDN layer's column scan and gated norm run as one launch
+# (hy_gdn_scan4_out32, a block a value head) rather than the reference's two (hy_gdn_scan4, a
+# block for 32 value columns, then hy_gdn_out32); the same bits either way. One launch fewer wins
+# while the rows are few; past them the pair's nv dv / 32 blocks (the 9B's 128 against 32) carry
+# the longer scan. H200, session 22, bench_decode --shapes 9b,27b --source mem --skip-matvec
+# --tokens 16 --windows 2,4,8,16, window device ms, fused at every n / at n <= 1 / at n <= 3:
+# 9b n 2 2.2174 / 2.2057 / 2.2012, n 4 2.804 / 2.7805 / 2.7834, n 8 3.5763 / 3.472 / 3.4706, n 16
+# 6.7811 / 6.6361 / 6.6349; 27b n 2 6.5117 / 6.6015 / 6.5124, n 4 8.3029 / 8.3302 / 8.3285, n 8
+# 10.69 / 10.6033 / 10.6192, n 16 22.689 / 22.4723 / 22.4705; one-row steps unchanged.
+FUSED_SCAN_ROWS = 3
+
+
 class HFuncs(MmaFuncs):
     """The kernels of one hyb.cu module (compiled for one HPK, HD): the matvec's and these;
     PDL_KERNELS are marked `pdl`."""
@@ -91,8 +103,9 @@ def _gdn(ctx, plan, g: GdnL, views, n: int, tape: bool, st: Stages) -> None:
                kargs("QiQQQiiiiiQiQQQQQiQQ", r.qkv, geo.cdmax, ring, g.taps, t_cq, n, g.cdim, g.kk, g.nk,
                      g.dk, r.xn, plan.hidden, g.a, g.b, g.a_log, g.dt_bias, t_gb, g.nv, tq, rs))
     # the scan, with blocks after it that move the conv ring, then the gated norm (plain w and the
-    # gate silu on Qwen3.5: sig 0, gemma 0): one launch for both where a head fits a block
-    fused = col_scan and g.dv <= 128
+    # gate silu on Qwen3.5: sig 0, gemma 0): one launch for both where a head fits a block and the
+    # call is short (FUSED_SCAN_ROWS); the same bits either way
+    fused = col_scan and g.dv <= 128 and n <= FUSED_SCAN_ROWS
     save = s_save if tape else 0
     ring_p = ring if g.kk > 1 else 0
     out_args = (r.z, geo.vdmax, g.norm, r.of)

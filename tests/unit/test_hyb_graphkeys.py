@@ -9,7 +9,7 @@ import numpy as np
 
 import _fakecard
 from cortiq_drv.graph import TokenGraphOutcome
-from cortiq_drv.hybrid import api
+from cortiq_drv.hybrid import api, launch
 from cortiq_drv.hybrid.admit import admit
 from cortiq_drv.hybrid.graphs import run_small
 from cortiq_drv.hybrid.plan import plan_for
@@ -134,6 +134,25 @@ def test_launch_sequence_and_argument_lists(hyb_tiny):
     # the call record address: plan.ci, the first (only) attention layer
     assert int.from_bytes(by["hy_scores"].args[-1], "little") == p.ci.ptr
     assert p.ci.read(np.int32, 8).tolist() == [0, 0, 64, 4096, 64, 0, 0, 0]
+
+
+def test_longer_calls_scan_and_norm_in_two_launches(hyb_tiny):
+    """Past FUSED_SCAN_ROWS rows a GDN layer's column scan (a block for 32 value columns, keeping
+    the tape's state copy) and its gated norm (a block a row and value head) are two launches."""
+    n = launch.FUSED_SCAN_ROWS + 1
+    hs, _, ctx, g = _direct_call(hyb_tiny, n, True)
+    names = [l.name for l in ctx.launches]
+    assert "hy_gdn_scan4_out32" not in names
+    gdn = ["hy_rmsnorm2", "hy_mmp", "hy_gdn_front", "hy_gdn_scan4", "hy_gdn_out32", "hy_mmp"]
+    assert names[:len(gdn)] == gdn and names.count("hy_gdn_scan4") == names.count("hy_gdn_out32") == 3
+    formats = _fakecard.kernel_formats()
+    by = {l.name: l for l in ctx.launches}
+    for name in ("hy_gdn_scan4", "hy_gdn_out32"):
+        assert by[name].fmt == formats[name], name
+    cdim = 2 * 2 * 128 + 4 * 128
+    assert by["hy_gdn_scan4"].grid == (4 * 128 // 32 + cdim // 128, 1) and by["hy_gdn_scan4"].block == 128
+    assert by["hy_gdn_out32"].grid == (n * 4, 1) and by["hy_gdn_out32"].block == 128
+    assert int.from_bytes(by["hy_gdn_scan4"].args[13], "little") == hs.gdn[(1, 2)].s_save.ptr
 
 
 def test_a_call_without_tape_saves_nothing(hyb_tiny):
