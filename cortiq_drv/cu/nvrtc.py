@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from pathlib import Path
 
 from cortiq_drv import knobs
 from cortiq_drv.atomic import write_atomic
@@ -23,7 +24,9 @@ from cortiq_drv.errors import NvrtcError
 # Options every compile gets besides the arch and the defines.
 BASE_OPTIONS = ("--std=c++17",)
 _ELF = b"\x7fELF"
-_memo: dict[str, bytes] = {}
+# CUBINs this process has read or written, by cache file: a kernel cache moved by the knobs is
+# filled anew
+_memo: dict[Path, bytes] = {}
 
 
 def _nvrtc():
@@ -128,10 +131,10 @@ def compile_cubin(src: str, defines=(), arch: str = "sm_90", extra=()) -> bytes:
     """CUBIN for `src` on `arch`, from the disk cache when this exact compile ran before."""
     options = options_for(defines, arch, extra)
     key = cache_key(src, options, nvrtc_version(), arch)
-    hit = _memo.get(key)
+    path = knobs.get().kernel_cache / f"{key}.cubin"
+    hit = _memo.get(path)
     if hit is not None:
         return hit
-    path = knobs.get().kernel_cache / f"{key}.cubin"
     try:
         data = path.read_bytes()
     except OSError:
@@ -139,7 +142,7 @@ def compile_cubin(src: str, defines=(), arch: str = "sm_90", extra=()) -> bytes:
     if not data.startswith(_ELF):
         data, _ = compile_program(src, options)
         write_atomic(path, data)
-    _memo[key] = data
+    _memo[path] = data
     return data
 
 

@@ -1,0 +1,57 @@
+"""tools/kernel_cache.py: compiles recorded as named sources, and a build from the log filling a
+cache directory that a later compile_cubin of the same source and options hits."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cortiq_drv import knobs
+from cortiq_drv.cu import nvrtc
+from cortiq_drv.kernels import source
+
+_TOOL = Path(__file__).resolve().parents[2] / "tools" / "kernel_cache.py"
+
+
+@pytest.fixture(scope="module")
+def tool():
+    spec = importlib.util.spec_from_file_location("kernel_cache_tool", _TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # the build's worker processes find _build_one by name
+    spec.loader.exec_module(mod)
+    yield mod
+    del sys.modules[spec.name]
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_record_then_build_fills_the_cache(nvrtc_ok, tool, tmp_path, monkeypatch, jobs):
+    log = tmp_path / "compiles.jsonl"
+    monkeypatch.setenv("CORTIQ_DRV_KERNEL_CACHE", str(tmp_path / "run"))
+    knobs.reset()
+    other = 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
+    with tool.recording(log):
+        nvrtc.compile_cubin(source("basic.cu"), {"UNUSED": 1}, "sm_90")
+        nvrtc.compile_cubin(source("basic.cu"), {"UNUSED": 1}, "sm_90")
+        nvrtc.compile_cubin(other, (), "sm_90")
+    assert nvrtc.compile_cubin.__name__ == "compile_cubin"
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert lines[0] == dict(source="basic.cu", defines={"UNUSED": 1}, arch="sm_90", extra=[])
+    assert len(lines) == 3 and lines[2]["source"] is None
+    assert len(tool.distinct(log)) == 2
+
+    built = tool.build(log, tmp_path / "ahead", jobs)
+    assert [e["source"] for e in built] == ["basic.cu"]
+    # the cache the build filled answers the same compile without NVRTC
+    monkeypatch.setenv("CORTIQ_DRV_KERNEL_CACHE", str(tmp_path / "ahead"))
+    knobs.reset()
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled: the built cache missed")
+
+    monkeypatch.setattr(nvrtc, "compile_program", no_compile)
+    cubin = nvrtc.compile_cubin(source("basic.cu"), {"UNUSED": 1}, "sm_90")
+    files = list((tmp_path / "ahead").glob("*.cubin"))
+    assert cubin.startswith(b"\x7fELF") and [f.read_bytes() for f in files] == [cubin]
+    knobs.reset()
