@@ -62,8 +62,9 @@ def entry(src: str, defines, arch: str, extra) -> dict:
 
 @contextmanager
 def recording(log: Path):
-    """While open, each `nvrtc.compile_cubin` call (by any caller that looks it up after the
-    `with`, or through the module) is appended to `log`, then compiled as before."""
+    """While open, `nvrtc.compile_cubin` appends each call to `log`, then compiles as before.
+    Calls through the module attribute, and through names bound from it while the `with` is
+    open (the modules a run imports), are logged; names bound before it are not."""
     inner = nvrtc.compile_cubin
 
     def logged(src: str, defines=(), arch: str = "sm_90", extra=()) -> bytes:
