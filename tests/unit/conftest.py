@@ -1,9 +1,13 @@
-"""Fixtures shared by the unit tests: NVRTC's presence, the hybrid arm's tiny model."""
+"""Fixtures shared by the unit tests: NVRTC's presence, a fresh kernel cache, the hybrid arm's tiny
+model."""
 
 import pytest
 
 import _tiny
+from cortiq_drv import knobs
 from cortiq_drv.cmf import CmfFile
+from cortiq_drv.cu import nvrtc
+from cortiq_drv.errors import NvrtcError
 from cortiq_drv.graph import build as graph_build
 
 
@@ -20,10 +24,18 @@ def hyb_tiny(tmp_path_factory):
 @pytest.fixture(scope="session")
 def nvrtc_ok():
     """Skips the test where NVRTC cannot be loaded (where it can, it compiles without a GPU)."""
-    from cortiq_drv.cu import nvrtc
-    from cortiq_drv.errors import NvrtcError
-
     try:
         nvrtc.nvrtc_version()
     except NvrtcError as e:
         pytest.skip(f"NVRTC cannot be loaded: {e}")
+
+
+@pytest.fixture
+def cache_dir(nvrtc_ok, tmp_path, monkeypatch):
+    """A fresh kernel cache directory (CORTIQ_DRV_KERNEL_CACHE) and an empty in-process memo;
+    the knobs are read again before and after."""
+    monkeypatch.setenv("CORTIQ_DRV_KERNEL_CACHE", str(tmp_path / "kc"))
+    knobs.reset()
+    monkeypatch.setattr(nvrtc, "_memo", {})
+    yield tmp_path / "kc"
+    knobs.reset()

@@ -2,7 +2,6 @@
 
 import pytest
 
-from cortiq_drv import knobs
 from cortiq_drv.cu import nvrtc
 from cortiq_drv.errors import NvrtcError
 
@@ -33,15 +32,6 @@ def test_options_for_defines_forms():
     assert nvrtc.options_for({"X": None, "Y": 4}, "sm_80") == [
         "--gpu-architecture=sm_80", *nvrtc.BASE_OPTIONS, "-DX", "-DY=4"]
     assert nvrtc.options_for(["Z=1"], "sm_90", ["-lineinfo"])[-2:] == ["-DZ=1", "-lineinfo"]
-
-
-@pytest.fixture
-def cache_dir(nvrtc_ok, tmp_path, monkeypatch):
-    monkeypatch.setenv("CORTIQ_DRV_KERNEL_CACHE", str(tmp_path / "kc"))
-    knobs.reset()
-    monkeypatch.setattr(nvrtc, "_memo", {})
-    yield tmp_path / "kc"
-    knobs.reset()
 
 
 def test_compile_writes_one_cubin_and_reuses_it(cache_dir, monkeypatch):

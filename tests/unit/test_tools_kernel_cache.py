@@ -26,10 +26,8 @@ def tool():
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_record_then_build_fills_the_cache(nvrtc_ok, tool, tmp_path, monkeypatch, jobs):
+def test_record_then_build_fills_the_cache(cache_dir, tool, tmp_path, monkeypatch, jobs):
     log = tmp_path / "compiles.jsonl"
-    monkeypatch.setenv("CORTIQ_DRV_KERNEL_CACHE", str(tmp_path / "run"))
-    knobs.reset()
     other = 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
     with tool.recording(log):
         nvrtc.compile_cubin(source("basic.cu"), {"UNUSED": 1}, "sm_90")
@@ -54,4 +52,3 @@ def test_record_then_build_fills_the_cache(nvrtc_ok, tool, tmp_path, monkeypatch
     cubin = nvrtc.compile_cubin(source("basic.cu"), {"UNUSED": 1}, "sm_90")
     files = list((tmp_path / "ahead").glob("*.cubin"))
     assert cubin.startswith(b"\x7fELF") and [f.read_bytes() for f in files] == [cubin]
-    knobs.reset()
