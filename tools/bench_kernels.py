@@ -13,7 +13,8 @@ one-row time, and cuBLAS f16 GEMM (ctx.gemm, f16 weights, also rotated) on the s
 are medians over --reps replays of a captured graph of back-to-back launches (launch gaps
 included, as in a decode step's graph). `--variants all` times every (TB, KS) choice as well
 (at one and two rows hy_mmv, staged or not where the columns fit, and hy_mmp_1; at 3..8 rows and
-KS 8 hy_mmr beside hy_mmp_1; variant "NT_TB_KS", an "s" for hy_mmvs, an "r" for hy_mmr);
+KS 8 hy_mmr beside hy_mmp_1; at 9..16 rows and KS 8 four tiles a block too; variant "NT_TB_KS",
+an "s" for hy_mmvs, an "r" for hy_mmr);
 `--define` compiles the kernels with tuning macros (HY_MV_STAGES, HY_RUN_STAGES, HY_MB_*, HY_MV_MB_*,
 HY_MVS_MB_*, HY_MR_MB, HY_MMP_WH, HY_MMR_WH) for a sweep. Only hyb.cu's weight-side pieces are compiled
 (mma.weight_side_source).
@@ -194,7 +195,7 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
         hy_mmr too at 3..8 rows and KS 8."""
         if v == 0:
             return [(False, False)] + ([(True, False)] if fx.staged_shape(tb, ks, cols, n) else [])
-        return [(False, False)] + ([(False, True)] if mma.mmr_fits(v, ks, n) else [])
+        return [(False, False)] + ([(False, True)] if mma.mmr_fits(v, tb, ks, n) else [])
 
     try:
         for n in a.rows:
@@ -202,7 +203,8 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
             nt = rule[0]
             nts = (0, 1) if n <= 2 else (nt,)  # hy_mmv (and hy_mmvs) beside hy_mmp_1 at one or two rows
             choices = [rule] if a.variants == "rule" else [
-                (v, tb, ks, *f) for v in nts for tb in (1, 2) for ks in (8, 16) for f in forms(v, tb, ks, n)]
+                (v, tb, ks, *f) for v in nts for tb in mma.TBS for ks in (8, 16) if (v, tb, ks) in fx.mmp
+                for f in forms(v, tb, ks, n)]
             reps_k = -(-GRAPH_CALLS // len(rot.sets))
             for var in choices:
                 calls = [lambda s=s: s.launch(ctx, fx, p, n, *var) for s in rot.sets] * reps_k

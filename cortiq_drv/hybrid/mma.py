@@ -19,7 +19,7 @@ import numpy as np
 from cortiq_drv.cu import Buf
 from cortiq_drv.cu.args import dev_ptr, kargs
 from cortiq_drv.errors import CortiqError
-from cortiq_drv.hybrid.mma_rules import evens_tiles, fewer_waves, one_wave, set_rules, stages_b
+from cortiq_drv.hybrid.mma_rules import evens_tiles, fewer_waves, four_tiles, one_wave, set_rules, stages_b
 
 # Rows of the small path (the reference's NMAX).
 NMAX = 16
@@ -73,6 +73,12 @@ def mmp_name(nt: int, tb: int, ks: int) -> str:
     return f"hy_mmv_{tb}_{ks}" if nt == 0 else f"hy_mmp_{nt}_{tb}_{ks}"
 
 
+# Tiles a block of a launch (TB) may take, and the (NT, TB, KS) entries hyb_mmp.cuh compiles: every
+# (TB, KS) of 1, 2 and 8, 16, and TB 4 for 9..16 rows at KS 8 (hy_mmp_2_4_8).
+TBS = (1, 2, 4)
+MMP_VARIANTS = (*((nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)), (2, 4, 8))
+
+
 def mmvs_name(tb: int, ks: int) -> str:
     """hy_mmv_{TB}_{KS} with its columns staged in shared memory."""
     return f"hy_mmvs_{tb}_{ks}"
@@ -88,26 +94,27 @@ def mmr_ntc(n: int) -> int:
     return (3 * n + 7) // 8
 
 
-def mmr_fits(nt: int, ks: int, n: int) -> bool:
-    """Whether hy_mmr can run a call of variant (nt, *, ks) with `n` rows: 3..8 rows at KS 8."""
-    return nt == 1 and ks == 8 and n >= 3
+def mmr_fits(nt: int, tb: int, ks: int, n: int) -> bool:
+    """Whether hy_mmr can run a call of variant (nt, tb, ks) with `n` rows: 3..8 rows at KS 8, one
+    or two tiles a block."""
+    return nt == 1 and tb <= 2 and ks == 8 and n >= 3
 
 
 # The weight-side kernels that start with pdl_begin() (kernels/common.cuh), launched as
 # programmatic dependents.
-PDL_KERNELS = (*(mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)),
+PDL_KERNELS = (*(mmp_name(*v) for v in MMP_VARIANTS),
                *(mmvs_name(tb, ks) for tb in (1, 2) for ks in (8, 16)),
                *(mmr_name(ntc, tb) for ntc in (2, 3) for tb in (1, 2)), "hy_split", "hy_rmsnorm2")
 
 
 class MmaFuncs:
-    """The weight-side kernels of one loaded hyb.cu module: `mmp[NT][TB - 1][KS == 16]` (NT 0:
-    `hy_mmv_{TB}_{KS}`, the one- and two-row entries; 1, 2: `hy_mmp_{NT}_{TB}_{KS}`), `split`,
-    `rmsnorm2`, `repack` (the matching fields of the reference's `HFuncs`), `mmp_smem[NT][KS == 16]`,
-    each variant's dynamic shared memory (hy_mmv's rings `mv_stages` deep, hy_mmp's and hy_mmr's
-    `run_stages`: the module's HY_MV_STAGES and HY_RUN_STAGES), and `grid_cap`, the blocks each
-    variant keeps resident on the whole card (its grid walks the work items, so a launch never
-    needs more), and `mmvs[TB - 1][KS == 16]`,
+    """The weight-side kernels of one loaded hyb.cu module: `mmp[(NT, TB, KS)]` for each of
+    MMP_VARIANTS (NT 0: `hy_mmv_{TB}_{KS}`, the one- and two-row entries; 1, 2:
+    `hy_mmp_{NT}_{TB}_{KS}`), `split`, `rmsnorm2`, `repack` (the matching fields of the reference's
+    `HFuncs`), `mmp_smem[NT][KS == 16]`, each variant's dynamic shared memory (hy_mmv's rings
+    `mv_stages` deep, hy_mmp's and hy_mmr's `run_stages`: the module's HY_MV_STAGES and
+    HY_RUN_STAGES), and `grid_cap[(NT, TB, KS)]`, the blocks each variant keeps resident on the whole
+    card (its grid walks the work items, so a launch never needs more), and `mmvs[TB - 1][KS == 16]`,
     `hy_mmvs_{TB}_{KS}` (hy_mmv with its columns staged: its shared memory and blocks by
     `staged_shape`), and `mmr[NTC - 2][TB - 1]`, `hy_mmr_{NTC}_{TB}_8` (`mmr_smem`, `mmr_cap`).
     PDL_KERNELS are marked `pdl`."""
@@ -115,19 +122,17 @@ class MmaFuncs:
     def __init__(self, ctx, module, mv_stages: int = MV_STAGES, run_stages: int = RUN_STAGES):
         # the card's limits, kept here: launches may go through a wrapper of the context (KtCtx)
         self.smem_optin, self.sm_count = ctx.smem_optin, ctx.sm_count
-        self.mmp = [[[module.func(mmp_name(nt, tb, ks)) for ks in (8, 16)] for tb in (1, 2)] for nt in (0, 1, 2)]
+        self.mmp = {v: module.func(mmp_name(*v)) for v in MMP_VARIANTS}
         self.mmp_smem = [[ring_bytes(ks, mv_stages if nt == 0 else run_stages) for ks in (8, 16)] for nt in (0, 1, 2)]
-        self.grid_cap = [[[0, 0], [0, 0]] for _ in range(3)]
+        self.grid_cap = {}
         # (the driver picks each launch's shared-memory carveout: a PREFERRED_SHARED_MEMORY_CARVEOUT
         # of the fewest percent for these blocks slows the staged 9B head, 177.5 -> 214.1 us, and
         # the decode step, 2.227 -> 2.261 ms; of 100, 8-row calls, 9B gate/up 33.2 -> 36.6 us:
         # H200, session 17)
-        for nt in (0, 1, 2):
-            for tb in (1, 2):
-                for ki, ks in enumerate((8, 16)):
-                    f, smem = self.mmp[nt][tb - 1][ki], self.mmp_smem[nt][ki]
-                    f.allow_smem(smem)
-                    self.grid_cap[nt][tb - 1][ki] = blocks_per_sm(self.smem_optin, f, 32 * ks, smem) * self.sm_count
+        for (nt, tb, ks), f in self.mmp.items():
+            smem = self.mmp_smem[nt][int(ks == 16)]
+            f.allow_smem(smem)
+            self.grid_cap[nt, tb, ks] = blocks_per_sm(self.smem_optin, f, 32 * ks, smem) * self.sm_count
         # hy_mmvs: all the card allows (its staged columns come on top of hy_mmv's ring)
         self.mmvs = [[module.func(mmvs_name(tb, ks)) for ks in (8, 16)] for tb in (1, 2)]
         self.mmvs_shape: dict = {}
@@ -253,7 +258,8 @@ def check_planes(p: Planes, n: int, cols: int, what: str) -> None:
 
 
 class MmaSet:
-    """One launch's q4tp matrices: job tables for one and two tiles a block, the choices the
+    """One launch's q4tp matrices: job tables for one, two and four tiles a block (`jobs`,
+    `blocks`: by TB), the choices the
     reference's `MmaSet` makes (`mmaset_kind`, `variant`) and the ones measured here on top of
     them (`choice`)."""
 
@@ -271,10 +277,10 @@ class MmaSet:
         if len({s.mat.cols for s in list_}) != 1:
             raise CortiqError("mmaset: matrices of one launch must share their width")
         self.cols = list_[0].mat.cols
-        tables = [job_table(list_, kind, tb) for tb in (1, 2)]
-        self.jobs = [t for t, _ in tables]
-        self.blocks = [b for _, b in tables]
-        self._hyjobs = [jobs_block(t) for t in self.jobs]
+        tables = {tb: job_table(list_, kind, tb) for tb in TBS}
+        self.jobs = {tb: t for tb, (t, _) in tables.items()}
+        self.blocks = {tb: b for tb, (_, b) in tables.items()}
+        self._hyjobs = {tb: jobs_block(t) for tb, t in self.jobs.items()}
         self.ks16, self.tb1 = set_rules([s.rows for s in list_])
         self._calls = {}  # (fx, nt, tb, ks, staged, lean, planes, n): ctx.launch's arguments
         self._choices = {}  # (fx, n): `choice`
@@ -287,19 +293,20 @@ class MmaSet:
         """(NT, TB, KS, staged, lean) of `run`'s call: `variant`; at one or two rows TB 1 where
         `evens_tiles` says, then at one row hy_mmvs where `stages` says, else hy_mmp_1 instead of
         hy_mmv where `fewer_waves` does; at 3..8 rows and KS 8, hy_mmr (lean) where `one_wave`
-        says (the rules: mma_rules)."""
+        says; at 9..16 rows TB 4 where `four_tiles` says (the rules: mma_rules)."""
         nt, tb, ks = self.variant(n)
-        if mmr_fits(nt, ks, n):
-            lean = one_wave(self.blocks[tb - 1], fx.grid_cap[1][tb - 1][0], fx.mmr_cap[mmr_ntc(n) - 2][tb - 1])
+        if four_tiles(nt, tb, ks):
+            return nt, 4, ks, False, False
+        if mmr_fits(nt, tb, ks, n):
+            lean = one_wave(self.blocks[tb], fx.grid_cap[nt, tb, ks], fx.mmr_cap[mmr_ntc(n) - 2][tb - 1])
             return nt, tb, ks, False, lean
         if nt:
             return nt, tb, ks, False, False
-        ki = int(ks == 16)
-        if tb == 2 and evens_tiles(self.blocks[1], self.blocks[0], fx.sm_count, fx.grid_cap[0][0][ki]):
+        if tb == 2 and evens_tiles(self.blocks[2], self.blocks[1], fx.sm_count, fx.grid_cap[0, 1, ks]):
             tb = 1
         if self.stages(fx, n, tb, ks):
             return nt, tb, ks, True, False
-        if fewer_waves(self.blocks[tb - 1], fx.grid_cap[0][tb - 1][ki], fx.grid_cap[1][tb - 1][ki]):
+        if fewer_waves(self.blocks[tb], fx.grid_cap[0, tb, ks], fx.grid_cap[1, tb, ks]):
             nt = 1
         return nt, tb, ks, False, False
 
@@ -307,9 +314,8 @@ class MmaSet:
         """Whether a call of `n` rows at (tb, ks) stages its columns (hy_mmvs) by the rules: room
         for the columns (hy_mmvs takes one or two rows) and `stages_b`."""
         shape = fx.staged_shape(tb, ks, self.cols, n) if n <= 2 else None
-        ki = int(ks == 16)
-        return shape is not None and stages_b(self.blocks[tb - 1], self.cols // 32, fx.grid_cap[0][tb - 1][ki],
-                                              shape[1], fx.grid_cap[1][tb - 1][ki], n)
+        return shape is not None and stages_b(self.blocks[tb], self.cols // 32, fx.grid_cap[0, tb, ks],
+                                              shape[1], fx.grid_cap[1, tb, ks], n)
 
     def run(self, ctx, fx, p: Planes, cols: int, n: int) -> None:
         """The call's `n` rows of x (as planes) through every matrix (`MmaSet::run`, choosing as
@@ -331,25 +337,28 @@ class MmaSet:
         call = self._calls.get(key)
         if call is None:
             f, smem, cap = self.pick(fx, p, n, nt, tb, ks, staged, lean)
-            args = JobArgs(self._hyjobs[tb - 1], len(self.jobs[tb - 1]), p, n, self.cols)
-            call = self._calls[key] = (f, (min(self.blocks[tb - 1], cap), 1), 32 * ks, smem, args)
+            args = JobArgs(self._hyjobs[tb], len(self.jobs[tb]), p, n, self.cols)
+            call = self._calls[key] = (f, (min(self.blocks[tb], cap), 1), 32 * ks, smem, args)
         ctx.launch(*call)
 
     def pick(self, fx, p: Planes, n: int, nt: int, tb: int, ks: int, staged: bool | None = None,
              lean: bool = False):
         """(kernel, dynamic shared memory, most blocks worth launching) of `launch`'s call."""
         check_planes(p, n, self.cols, "hy_mmp")
+        if (nt, tb, ks) not in fx.mmp:
+            raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: no such kernel (TB 4 is hy_mmp_2 at KS 8 alone)")
         if n > rows_cap(nt):
             raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: at most {rows_cap(nt)} rows, got {n}")
         if staged and nt:
             raise CortiqError(f"hy_mmp variant {nt}_{tb}_{ks}: only hy_mmv (NT 0) stages its columns")
         if lean:
-            if not mmr_fits(nt, ks, n):
-                raise CortiqError(f"hy_mmr: calls of 3..8 rows at KS 8 (NT 1), not {n} rows of {nt}_{tb}_{ks}")
+            if not mmr_fits(nt, tb, ks, n):
+                raise CortiqError(f"hy_mmr: calls of 3..8 rows at KS 8 (NT 1, TB 1 or 2), not {n} rows of "
+                                  f"{nt}_{tb}_{ks}")
             c = mmr_ntc(n)
             return fx.mmr[c - 2][tb - 1], fx.mmr_smem, fx.mmr_cap[c - 2][tb - 1]
         ki = int(ks == 16)
-        f, smem, cap = fx.mmp[nt][tb - 1][ki], fx.mmp_smem[nt][ki], fx.grid_cap[nt][tb - 1][ki]
+        f, smem, cap = fx.mmp[nt, tb, ks], fx.mmp_smem[nt][ki], fx.grid_cap[nt, tb, ks]
         if nt == 0 and (self.stages(fx, n, tb, ks) if staged is None else staged):
             shape = fx.staged_shape(tb, ks, self.cols, n)
             if shape is None:

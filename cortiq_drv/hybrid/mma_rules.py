@@ -1,8 +1,9 @@
 """The measured rules by which a set of q4tp matrices (`mma.MmaSet`) picks its launches: the
 reference's `mmaset_kind_` rules (`set_rules`: KS and TB of a set), and the choices made here on
 top of them for one- and two-row calls (`evens_tiles`: one tile a block; `stages_b`: a one-row
-call's columns staged in shared memory; `fewer_waves`: hy_mmp_1 for hy_mmv) and for 3..8-row
-calls (`one_wave`: hy_mmr for hy_mmp_1). Only `set_rules`' KS changes a row's bits; every other
+call's columns staged in shared memory; `fewer_waves`: hy_mmp_1 for hy_mmv), for 3..8-row
+calls (`one_wave`: hy_mmr for hy_mmp_1) and for 9..16-row calls (`four_tiles`: four tiles a
+block). Only `set_rules`' KS changes a row's bits; every other
 choice runs the same sums. Each rule gives the H200 measurements it rests on.
 """
 
@@ -114,6 +115,21 @@ def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
     `bench_decode --shapes 27b` step 6.3533 / 6.4274 against 6.2624 / 6.3423 ms (device, two runs
     each), 9b 2.1067 against 2.1009."""
     return rounds(items, cap_mmp) <= rounds(items, cap_mmv)
+
+
+def four_tiles(nt: int, tb: int, ks: int) -> bool:
+    """Whether a call of variant (nt, tb, ks) takes four tiles a block (hy_mmp_2_4_8, the same
+    sums): 9..16 rows (NT 2) at KS 8 where `set_rules` gives TB 2. Each lane's B fragments of a
+    group then serve four tiles, which halves the B these calls read from L2 (at TB 2 and 16 rows,
+    six times the weight bytes). H200, `bench_kernels --models 9B,27B --rows 12,16 --variants all`
+    (session 23 call 1), us at 12 / 16 rows, TB 4 against TB 2: 9B gate/up 43.29 / 51.56 against
+    47.02 / 60.58, 9B head 416.6 / 493.0 against 453.3 / 596.6, 9B attention in 28.9 / 33.79
+    against 30.21 / 39.18, 9B GDN in 28.97 / 33.76 against 30.4 / 39.59, 27B o 19.88 / 23.67
+    against 21.07 / 27.87, 27B gate/up 84.0 / 100.3 against 90.45 / 124.3, 27B head 494.3 / 584.9
+    against 544.3 / 789.7, 27B attention in 34.09 / 40.49 against 37.55 / 49.46, 27B GDN in 34.24 /
+    41.04 against 38.34 / 53.63; 27B down 65.14 / 72.14 against 59.32 / 109.3 (its 80 items of
+    544 groups at TB 4 leave SMs idle; the one loss)."""
+    return nt == 2 and tb == 2 and ks == 8
 
 
 def one_wave(items: int, cap_mmp: int, cap_mmr: int) -> bool:

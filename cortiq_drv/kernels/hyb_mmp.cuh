@@ -61,7 +61,8 @@ __device__ __forceinline__ int hy_items(const HyJob* jobs, int nj, int ring, con
 //   job; block k of the grid (any size) takes items k, k + gridDim.x, ... Warp w takes groups
 //   [w gpr / KS, (w + 1) gpr / KS) of the item's tiles and streams them through its own ring of
 //   HY_RUN_STAGES stages (cp.async), a stage being four (tile, group) units of 256 weight bytes + 16
-//   code bytes: both tiles of two groups (TB 2) or four groups of the tile (TB 1); each group's B
+//   code bytes: the four tiles of one group (TB 4, hy_mmp_2 at KS 8 alone), both tiles of two
+//   groups (TB 2) or four groups of the tile (TB 1); each group's B
 //   fragments are loaded (__ldg, 16 bytes a lane and n-tile: the planes' fragment order) while
 //   the group before it computes (up to 3 n-tiles). The next item's first stages and ladders are
 //   fetched while this one's sums are reduced. (A wide path that staged the B fragments once a
@@ -187,25 +188,37 @@ __device__ __forceinline__ void hy_mmr(const HyJob* jobs, int nj, const bf16* p0
 #ifndef HY_MVS_MB_16
 #define HY_MVS_MB_16 1
 #endif
+// and of hy_mmp_2_4_8's: one, its 255 registers without a spill (at two, hy_mmp_2_2_8 spills 272 /
+// 236 bytes; ptxas -v). Four tiles a block read each lane's B fragments of a group once for four
+// tiles instead of two, which halves what 9..16-row calls read from L2 (6 B bytes a weight byte at
+// TB 2, 16 rows), where they spend their time (the rule: mma_rules.four_tiles). hy_mmp_1_4_8 was
+// tried and lost at 3..8 rows on every set (H200, session 23, `bench_kernels --models 9B,27B --rows
+// 3,4,8 --variants all`, us at 8 rows against hy_mmp_1_2_8): at one block an SM (252 registers)
+// 9B gate/up 35.6 against 32.3, the 9B head 347 against 305, 27B down 45.4 against 36.5; at two
+// (128 registers, a 192-byte stack) 44.4, 380 and 71.7.
+#ifndef HY_MB_2_4_8
+#define HY_MB_2_4_8 1
+#endif
 // and of hy_mmr's (80 registers: stacks of 72 bytes at NTC 2, 120 at NTC 3, TB 2; ptxas -v)
 #ifndef HY_MR_MB
 #define HY_MR_MB 3
 #endif
 
-#define HY_MMP(NT, TB, KS)                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * KS, HY_MB_##NT##_##KS) hy_mmp_##NT##_##TB##_##KS(  \
+#define HY_MMP(NT, TB, KS, MB)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * KS, MB) hy_mmp_##NT##_##TB##_##KS(                  \
         const __grid_constant__ HyJobs jt, int nj, const bf16* p0, const bf16* p1, const bf16* p2, int xs, int n, \
         int cols) {                                                                                     \
         hy_mmp<NT, TB, KS>(jt.j, nj, p0, p1, p2, xs, n, cols);                                          \
     }
-HY_MMP(1, 1, 8)
-HY_MMP(1, 1, 16)
-HY_MMP(1, 2, 8)
-HY_MMP(1, 2, 16)
-HY_MMP(2, 1, 8)
-HY_MMP(2, 1, 16)
-HY_MMP(2, 2, 8)
-HY_MMP(2, 2, 16)
+HY_MMP(1, 1, 8, HY_MB_1_8)
+HY_MMP(1, 1, 16, HY_MB_1_16)
+HY_MMP(1, 2, 8, HY_MB_1_8)
+HY_MMP(1, 2, 16, HY_MB_1_16)
+HY_MMP(2, 1, 8, HY_MB_2_8)
+HY_MMP(2, 1, 16, HY_MB_2_16)
+HY_MMP(2, 2, 8, HY_MB_2_8)
+HY_MMP(2, 2, 16, HY_MB_2_16)
+HY_MMP(2, 4, 8, HY_MB_2_4_8)
 
 #define HY_MMV(NAME, SB, MB, TB, KS)                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * KS, MB) NAME##_##TB##_##KS(                         \

@@ -149,10 +149,16 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
                                            const bf16* p2, int xs, int n, int cols, int total,
                                            HySmem<NC, TB, KS>& sm) {
     static_assert(!SB || NTC == 1, "staged B: one n-tile");
-    // GS groups a stage (4 units: 2 groups of both tiles, or 4 groups of one tile)
+    // GS groups a stage (4 units: one group of four tiles, 2 groups of both tiles, or 4 groups of
+    // one tile)
+    static_assert(TB == 1 || TB == 2 || TB == 4, "tiles a block: 1, 2 or 4");
     constexpr int GS = 4 / TB, STAGE = HY_STAGE;
     constexpr int LE = TB * 512 / (KS * 32);
-    // the next group's B fragments held in registers while this one computes, where they fit
+    // the next group's B fragments held in registers while this one computes, where they fit.
+    // Fetching them into L1 further ahead as well (prefetch.global.L1 of each lane's 16 bytes, 2
+    // or 4 groups on, past one n-tile) loses everywhere (H200, session 23 call 2, `bench_kernels
+    // --models 9B,27B --rows 4,8,16`, us, none / 2 / 4 ahead: 9B gate/up at 8 rows 31.9 / 42.8 /
+    // 40.5, 27B down at 8 rows 36.5 / 61.8 / 57.9, 9B head at 16 rows 495 / 526 / 518).
     constexpr bool PF = NTC <= 3;
     static_assert((S & (S - 1)) == 0 && S >= 4, "ring stages: a power of two >= 4");
     extern __shared__ __align__(16) unsigned char hy_ring[];
@@ -180,8 +186,9 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     const u32 lrow = (u32)__cvta_generic_to_shared(&sm.lad[0][0][gid]);
     // the item being fetched: its job, tiles, this lane's copy sources and the rows left from its
     // first tile. Stage i holds units u = 0..3 (256 weight bytes each, then their 16 code bytes):
-    // TB 2: tile u & 1 of group g_lo + 2 i + (u >> 1); TB 1: group g_lo + 4 i + u. Lane l copies
-    // chunk l and l + 32 of the weights (unit c >> 4, bytes (c & 15) 16), lanes 0-3 unit l's codes.
+    // TB 4: tile u of group g_lo + i; TB 2: tile u & 1 of group g_lo + 2 i + (u >> 1); TB 1: group
+    // g_lo + 4 i + u. Lane l copies chunk l and l + 32 of the weights (unit c >> 4, bytes (c & 15)
+    // 16), lanes 0-3 unit l's codes.
     int ji = 0, tile0 = 0, nvt = 0, rleft = 0;
     const unsigned char* wl = 0;
     const unsigned char* cl = 0;
@@ -194,9 +201,9 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         rleft = rows - tile0 * 16;
         const size_t uw = lane >> 4, uc = lane & 3;
         wl = (const unsigned char*)jobs[ji].w +
-             ((size_t)tile0 * gpr + (TB == 2 ? uw * gpr : uw) + g_lo) * 256 + (lane & 15) * 16;
+             ((size_t)tile0 * gpr + (TB > 1 ? uw * gpr : uw) + g_lo) * 256 + (lane & 15) * 16;
         cl = (const unsigned char*)jobs[ji].aux0 +
-             ((size_t)tile0 * gpr + (TB == 2 ? (uc & 1) * gpr + (uc >> 1) : uc) + g_lo) * 16;
+             ((size_t)tile0 * gpr + (TB == 4 ? uc * gpr : TB == 2 ? (uc & 1) * gpr + (uc >> 1) : uc) + g_lo) * 16;
         lsrc = (const float*)jobs[ji].aux1 + (size_t)tile0 * 32;
     };
     // stage i's copies into ring slot k (i % S); every lane commits a group, copies or not, so
@@ -205,7 +212,11 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         const u32 slot = ring + k * STAGE;
         const int uw = lane >> 4;
         bool ok0, ok1, okc;
-        if (TB == 2) {
+        if (TB == 4) {
+            ok0 = uw < nvt && i < ng;
+            ok1 = 2 + uw < nvt && i < ng;
+            okc = lane < 4 && lane < nvt && i < ng;
+        } else if (TB == 2) {
             ok0 = uw < nvt && 2 * i < ng;
             ok1 = uw < nvt && 2 * i + 1 < ng;
             okc = lane < 4 && (lane & 1) < nvt && 2 * i + (lane >> 1) < ng;
@@ -216,7 +227,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         }
         const unsigned char* src = wl + (size_t)i * (GS * 256);
         cp_async16_if(ok0, slot + lane * 16, src);
-        cp_async16_if(ok1, slot + 512 + lane * 16, src + (TB == 2 ? 256 : 512));
+        cp_async16_if(ok1, slot + 512 + lane * 16, src + (TB == 4 ? (size_t)2 * gpr * 256 : TB == 2 ? 256 : 512));
         cp_async16_if(okc, slot + 1024 + (lane & 3) * 16, cl + (size_t)i * (GS * 16));
         cp_async_commit();
     };
@@ -253,7 +264,8 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             sm.lad[k >> 9][c][k & 15] = hy_rung(lo_r[e], st_r[e], c);
         }
     };
-    // B fragments of group gr in bb[gr & 1] (GS is even, so the parity is gu's); an item's
+    // B fragments of group gr in bb[gr & 1] (GS 2 or 4: the parity is gu's; GS 1: the next
+    // group's go to bb[1], moved to bb[0] once this one is done); an item's
     // first group's (the same for every item: the columns and the warp's groups do not change)
     // are loaded before its rung table is stored, the first item's after pdl_begin
     u32 bb[2][NTC][4];
@@ -269,7 +281,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     // residual after it
     locate(bi);
     pf_lad();
-    if (TB == 2) {
+    if (TB > 1) {
         // the ring's code bytes zeroed before its first copies: a tile past the matrix reads codes
         // no copy of its item wrote, which must index lad (< 32)
         for (int c = lane; c < S * 8; c += 32)
@@ -332,21 +344,23 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             for (int gu = 0; gu < GS; ++gu) {
                 const int gr = i * GS + gu;  // the group, from g_lo
                 if (!whole && gr >= ng) break;
-                u32 (*bc)[4] = bb[gu & 1];
+                u32 (*bc)[4] = bb[GS == 1 ? 0 : gu & 1];
                 if (PF)
-                    ldb(bb[(gu + 1) & 1], gr + 1, gr + 1 < ng);
+                    ldb(bb[GS == 1 ? 1 : (gu + 1) & 1], gr + 1, gr + 1 < ng);
                 else
                     ldb(bc, gr, true);
-                // both tiles of the group (TB 2; a tile past the matrix computes stale ring
+                // every tile of the group (TB 2, 4; a tile past the matrix computes stale ring
                 // bytes, its codes an earlier item's or the ring's first zeros, into sums never
                 // stored), or the one tile
 #pragma unroll
                 for (int t = 0; t < TB; ++t) {
-                    const int u = TB == 2 ? 2 * gu + t : gu;
+                    const int u = TB == 4 ? t : TB == 2 ? 2 * gu + t : gu;
                     const uint2 wv = *(const uint2*)(st + u * 256 + lane * 8);
                     const u32 cl = lrow + st[1024 + u * 16 + gid] * LC, ch = lrow + st[1024 + u * 16 + gid + 8] * LC;
-                    const float rl = t == 0 ? hy_lds_f32<0>(cl) : hy_lds_f32<LT>(cl);
-                    const float rh = t == 0 ? hy_lds_f32<LH>(ch) : hy_lds_f32<LT + LH>(ch);
+                    const float rl = t == 0 ? hy_lds_f32<0>(cl) : t == 1 ? hy_lds_f32<LT>(cl)
+                                   : t == 2 ? hy_lds_f32<2 * LT>(cl) : hy_lds_f32<3 * LT>(cl);
+                    const float rh = t == 0 ? hy_lds_f32<LH>(ch) : t == 1 ? hy_lds_f32<LT + LH>(ch)
+                                   : t == 2 ? hy_lds_f32<2 * LT + LH>(ch) : hy_lds_f32<3 * LT + LH>(ch);
                     u32 a[8];
                     hy_unit_a(wv, k_mask, k_magic, k_one, k_m136, a);
 #pragma unroll
@@ -359,6 +373,12 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
                         acc[t][j][2] = fmaf(rh, s[2], acc[t][j][2]);
                         acc[t][j][3] = fmaf(rh, s[3], acc[t][j][3]);
                     }
+                }
+                if (GS == 1 && PF) {
+#pragma unroll
+                    for (int j = 0; j < NTC; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) bb[0][j][e] = bb[1][j][e];
                 }
             }
         };
@@ -393,12 +413,18 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             for (int t = 0; t < TB; ++t)
                 *(float4*)&sm.red[w][t][lane * 4] = make_float4(acc[t][j][0], acc[t][j][1], acc[t][j][2], acc[t][j][3]);
             __syncthreads();
-            if (tid < TB * 128) {
-                const int t = tid >> 7, f = tid & 127;
-                float s = sm.red[0][t][f];
-                for (int v = 1; v < KS; ++v) s += sm.red[v][t][f];
-                const int fl = f >> 2, e = f & 3;
-                sm.out[t][(fl >> 2) + 8 * (e >> 1)][8 * j + 2 * (fl & 3) + (e & 1)] = s;
+            // (TB 4 at KS 8: two entries a thread)
+            constexpr int RE = (TB * 128 + KS * 32 - 1) / (KS * 32);
+#pragma unroll
+            for (int q = 0; q < RE; ++q) {
+                const int k = tid + q * KS * 32;
+                if (k < TB * 128) {
+                    const int t = k >> 7, f = k & 127;
+                    float s = sm.red[0][t][f];
+                    for (int v = 1; v < KS; ++v) s += sm.red[v][t][f];
+                    const int fl = f >> 2, e = f & 3;
+                    sm.out[t][(fl >> 2) + 8 * (e >> 1)][8 * j + 2 * (fl & 3) + (e & 1)] = s;
+                }
             }
             __syncthreads();
         }

@@ -24,8 +24,7 @@ from cortiq_drv.hybrid.repack import (pair_map, planes_bytes, random_q4tp, repac
 
 pytestmark = pytest.mark.gpu
 # (NT, TB, KS, staged): NT 0: hy_mmv (one or two rows; staged: hy_mmvs), 1 and 2: hy_mmp_{NT}
-VARIANTS = [(nt, tb, ks, st) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16) for st in (False, True)
-            if nt == 0 or not st]
+VARIANTS = [(*v, st) for v in mma.MMP_VARIANTS for st in (False, True) if v[0] == 0 or not st]
 
 
 def vid(v):
@@ -210,8 +209,8 @@ def test_rows_bit_for_bit_in_any_call(ctx, fx, store, bufs, ks, cols):
                     for i in range(16)])
     forms = [(0, 1, False, False), (0, 2, False, False), (0, 1, True, False), (0, 2, True, False),
              (1, 1, False, False), (1, 2, False, False), (2, 1, False, False), (2, 2, False, False)]
-    # hy_mmr: KS 8, 3..8 rows
-    forms += [(1, 1, False, True), (1, 2, False, True)] if ks == 8 else []
+    # hy_mmr: KS 8, 3..8 rows; four tiles a block: KS 8, 9..16 rows
+    forms += [(1, 1, False, True), (1, 2, False, True), (2, 4, False, False)] if ks == 8 else []
     for nt, tb, st, lean in forms:
         for n in [1, 2, 3, 5, 8, 9, 13, 16]:
             if n > mma.rows_cap(nt) or (lean and n < 3):
@@ -260,8 +259,9 @@ def test_many_items_rows_bit_for_bit(ctx, fx, store, bufs, ks, pair):
 
     ones = np.concatenate([call(x[i:i + 1], (0, 2, ks, False)) for i in range(16)])
     for n in (3, 4, 5, 8, 9, 16):
-        for tb in (1, 2):
-            got = call(x[:n], ((n + 7) // 8, tb, ks, False))
+        nt = (n + 7) // 8
+        for tb in (1, 2, 4) if (nt, 4, ks) in fx.mmp else (1, 2):
+            got = call(x[:n], (nt, tb, ks, False))
             assert got.tobytes() == ones[:n].tobytes(), f"n={n} tb={tb}"
     xd = x.astype(np.float64)
     if pair:

@@ -255,12 +255,12 @@ def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds():
 
     ctx = _fakecard.FakeCtx()
     fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
-    rounds = {ki: (fx.grid_cap[0][1][ki], fx.grid_cap[1][1][ki]) for ki in (0, 1)}
+    rounds = {ks: (fx.grid_cap[0, 2, ks], fx.grid_cap[1, 2, ks]) for ks in (8, 16)}
     for rows, ks in ((4096, 16), (14336, 8), (24576, 8)):
         ms = mma.MmaSet(ctx, [mma.JobSpec(Wide(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
-        nt = int(mma_rules.fewer_waves(ms.blocks[1], *rounds[int(ks == 16)]))
+        nt = int(mma_rules.fewer_waves(ms.blocks[2], *rounds[ks]))
         assert [ms.choice(fx, n) for n in (1, 2, 9)] == [(nt, 2, ks, False, False)] * 2 + [
-            (2, 2, ks, False, False)]
+            (2, 4 if ks == 8 else 2, ks, False, False)]
 
 
 def test_few_row_calls_take_one_tile_a_block_where_it_evens_the_sms():
@@ -281,7 +281,7 @@ def test_few_row_calls_take_one_tile_a_block_where_it_evens_the_sms():
 
     ctx = _fakecard.FakeCtx()
     fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
-    assert fx.sm_count == 132 and [fx.grid_cap[0][0][ki] for ki in (0, 1)] == [396, 264]
+    assert fx.sm_count == 132 and [fx.grid_cap[0, 1, ks] for ks in (8, 16)] == [396, 264]
     # 4400 rows: 138 items at TB 2, but KS 16 and 275 at TB 1, more than hy_mmv_1_16's grid
     for rows, tbs in ((5120, (1, 1, 2)), (4096, (2, 2, 2)), (4400, (2, 2, 2)), (14336, (2, 2, 2))):
         ms = mma.MmaSet(ctx, [mma.JobSpec(Mat(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
@@ -313,7 +313,7 @@ def test_multi_row_calls_at_ks8_take_hy_mmr_where_its_grid_takes_them_in_one_wav
 
     ctx = _fakecard.FakeCtx()
     fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
-    cap_mmp = fx.grid_cap[1][1][0]
+    cap_mmp = fx.grid_cap[1, 2, 8]
     assert [fx.mmr_cap[c][1] for c in (0, 1)] == [fx.mmr_cap[0][1]] * 2 and fx.mmr_cap[0][1] > cap_mmp
     # a KS 8 set (10 240 rows or more) of one matrix has 320 items or more at TB 2: more than
     # hy_mmp_1's grid holds on this card (the other side is one_wave's assertions above)
@@ -321,12 +321,40 @@ def test_multi_row_calls_at_ks8_take_hy_mmr_where_its_grid_takes_them_in_one_wav
     for items in (320, fx.mmr_cap[0][1], fx.mmr_cap[0][1] + 8):
         rows = 32 * items
         ms = mma.MmaSet(ctx, [mma.JobSpec(Wide(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
-        assert ms.variant(3) == (1, 2, 8) and ms.blocks[1] == items
+        assert ms.variant(3) == (1, 2, 8) and ms.blocks[2] == items
         lean = cap_mmp < items <= fx.mmr_cap[0][1]
         assert [ms.choice(fx, n) for n in (3, 5, 6, 8)] == [(1, 2, 8, False, lean)] * 4, items
-        assert ms.choice(fx, 9) == (2, 2, 8, False, False)
+        assert ms.choice(fx, 9) == (2, 4, 8, False, False)
     small = mma.MmaSet(ctx, [mma.JobSpec(Wide(4096, 0x1000), 0xA000, 0, 4096, 4096)], mma.KIND_Q4TP)
     assert small.choice(fx, 4) == (1, 2, 16, False, False)  # KS 16: no hy_mmr
+
+
+def test_sixteen_row_calls_at_ks8_take_four_tiles_a_block():
+    """four_tiles, and `choice` on a fake card: 9..16-row calls over KS 8 sets take hy_mmp_2_4_8
+    (launched over the set's TB 4 job table), KS 16 sets and one-tile sets keep their TB, fewer
+    rows never take TB 4; a variant no kernel has is refused by name."""
+    import _fakecard
+
+    assert mma_rules.four_tiles(2, 2, 8)
+    assert not any(mma_rules.four_tiles(*v) for v in ((1, 2, 8), (0, 2, 8), (2, 2, 16), (2, 1, 8)))
+
+    class Wide(_Mat):
+        cols = 4096
+
+    ctx = _fakecard.FakeCtx()
+    fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
+    assert (2, 4, 8) in fx.mmp and fx.grid_cap[2, 4, 8] == 132  # 255 registers: one block an SM
+    specs = [mma.JobSpec(Wide(rows, 0x1000 * (i + 1)), 0xA000, 0, rows, rows) for i, rows in enumerate((24576, 40))]
+    ms = mma.MmaSet(ctx, specs, mma.KIND_Q4TP)
+    assert ms.blocks == {1: 1536 + 3, 2: 768 + 2, 4: 384 + 1}
+    assert list(ms.jobs[4]["blk0"]) == [0, 384]
+    assert [ms.choice(fx, n) for n in (8, 9, 16)] == [(1, 2, 8, False, False)] + [(2, 4, 8, False, False)] * 2
+    small = mma.MmaSet(ctx, [mma.JobSpec(Wide(4096, 0x1000), 0xA000, 0, 4096, 4096)], mma.KIND_Q4TP)
+    assert small.choice(fx, 16) == (2, 2, 16, False, False)
+    short = mma.MmaSet(ctx, [mma.JobSpec(Wide(1024, 0x1000), 0xA000, 0, 1024, 1024)] * 6, mma.KIND_Q4TP)
+    assert short.tb1 and not short.ks16 and short.choice(fx, 16) == (2, 1, 8, False, False)
+    with pytest.raises(CortiqError, match="hy_mmp variant 1_4_8: no such kernel"):
+        ms.pick(fx, mma.Planes(0x1000, 0x2000, 0x3000, 4096), 8, 1, 4, 8)
 
 
 def test_one_row_calls_stage_their_columns_where_it_pays():

@@ -52,7 +52,7 @@ def test_wait_comes_before_any_global_access(entries):
     # kernel of the step writes; see hyb_mmp.cuh): before their first wait only cp.async, plain
     # loads (the weight stages, the ladders) and, where hy_mmp_run's PFL is on (hy_mmv at KS 8,
     # hy_mmvs), one L1 prefetch: the next item's ladder rows (pf_lad), never the residual's
-    matvecs = {mma.mmp_name(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)}
+    matvecs = {mma.mmp_name(*v) for v in mma.MMP_VARIANTS}
     matvecs |= {mma.mmvs_name(tb, ks) for tb in (1, 2) for ks in (8, 16)}
     matvecs |= {mma.mmr_name(ntc, tb) for ntc in (2, 3) for tb in (1, 2)}
     # the attention kernels read their call record's fields from L2 first (att_record), nothing
