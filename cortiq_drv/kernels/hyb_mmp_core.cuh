@@ -33,7 +33,13 @@ __device__ __forceinline__ void hy_unit_a(uint2 w, u32 mask, u32 magic, u32 one,
     for (int m = 0; m < 8; ++m) a[m] = hy_nib2(v[m], mask, magic, one, m136);
 }
 
-// d += A (16x16 bf16, row) * B (16x8 bf16, col), f32 accumulate.
+// d += A (16x16 bf16, row) * B (16x8 bf16, col), f32 accumulate. A unit's two k-steps chain
+// through one accumulator (hy_mmp_run): ncu puts "wait" (fixed-latency dependencies) first among
+// hy_mmp_1_2_8's stalls at 8 rows (1.94 of ~7.5 cycles an issued instruction; 0.94 of 3.8 warps
+// eligible a scheduler), but two accumulators added before the rung's fma lose everywhere (H200,
+// session 23 call 4, `bench_kernels --models 9B,27B --rows 1,8,16`, us, chained against two: 9B
+// gate/up 18.86 / 32.01 / 51.6 against 19.91 / 38.22 / 56.03, 27B gate/up 32.7 / 56.87 / 100.44
+// against 33.83 / 72.13 / 110.7, 9B head 159.7 / 320.2 / 497.9 against 164.6 / 362.2 / 556.7).
 __device__ __forceinline__ void hy_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
