@@ -74,7 +74,7 @@ def mmp_name(nt: int, tb: int, ks: int) -> str:
 
 
 # Tiles a block of a launch (TB) may take, and the (NT, TB, KS) entries hyb_mmp.cuh compiles: every
-# (TB, KS) of 1, 2 and 8, 16, and TB 4 for 9..16 rows at KS 8 (hy_mmp_2_4_8).
+# (TB, KS) of 1, 2 and 8, 16, and TB 4 for 11..16 rows at KS 8 (hy_mmp_2_4_8, `four_tiles`).
 TBS = (1, 2, 4)
 MMP_VARIANTS = (*((nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)), (2, 4, 8))
 
@@ -293,9 +293,9 @@ class MmaSet:
         """(NT, TB, KS, staged, lean) of `run`'s call: `variant`; at one or two rows TB 1 where
         `evens_tiles` says, then at one row hy_mmvs where `stages` says, else hy_mmp_1 instead of
         hy_mmv where `fewer_waves` does; at 3..8 rows and KS 8, hy_mmr (lean) where `one_wave`
-        says; at 9..16 rows TB 4 where `four_tiles` says (the rules: mma_rules)."""
+        says; at 11..16 rows TB 4 where `four_tiles` says (the rules: mma_rules)."""
         nt, tb, ks = self.variant(n)
-        if four_tiles(nt, tb, ks):
+        if four_tiles(nt, tb, ks, n):
             return nt, 4, ks, False, False
         if mmr_fits(nt, tb, ks, n):
             lean = one_wave(self.blocks[tb], fx.grid_cap[nt, tb, ks], fx.mmr_cap[mmr_ntc(n) - 2][tb - 1])

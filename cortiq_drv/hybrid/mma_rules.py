@@ -2,7 +2,7 @@
 reference's `mmaset_kind_` rules (`set_rules`: KS and TB of a set), and the choices made here on
 top of them for one- and two-row calls (`evens_tiles`: one tile a block; `stages_b`: a one-row
 call's columns staged in shared memory; `fewer_waves`: hy_mmp_1 for hy_mmv), for 3..8-row
-calls (`one_wave`: hy_mmr for hy_mmp_1) and for 9..16-row calls (`four_tiles`: four tiles a
+calls (`one_wave`: hy_mmr for hy_mmp_1) and for 11..16-row calls (`four_tiles`: four tiles a
 block). Only `set_rules`' KS changes a row's bits; every other
 choice runs the same sums. Each rule gives the H200 measurements it rests on.
 """
@@ -117,19 +117,28 @@ def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:
     return rounds(items, cap_mmp) <= rounds(items, cap_mmv)
 
 
-def four_tiles(nt: int, tb: int, ks: int) -> bool:
-    """Whether a call of variant (nt, tb, ks) takes four tiles a block (hy_mmp_2_4_8, the same
-    sums): 9..16 rows (NT 2) at KS 8 where `set_rules` gives TB 2. Each lane's B fragments of a
-    group then serve four tiles, which halves the B these calls read from L2 (at TB 2 and 16 rows,
-    six times the weight bytes). H200, `bench_kernels --models 9B,27B --rows 12,16 --variants all`
-    (session 23 call 1), us at 12 / 16 rows, TB 4 against TB 2: 9B gate/up 43.29 / 51.56 against
-    47.02 / 60.58, 9B head 416.6 / 493.0 against 453.3 / 596.6, 9B attention in 28.9 / 33.79
-    against 30.21 / 39.18, 9B GDN in 28.97 / 33.76 against 30.4 / 39.59, 27B o 19.88 / 23.67
-    against 21.07 / 27.87, 27B gate/up 84.0 / 100.3 against 90.45 / 124.3, 27B head 494.3 / 584.9
-    against 544.3 / 789.7, 27B attention in 34.09 / 40.49 against 37.55 / 49.46, 27B GDN in 34.24 /
-    41.04 against 38.34 / 53.63; 27B down 65.14 / 72.14 against 59.32 / 109.3 (its 80 items of
-    544 groups at TB 4 leave SMs idle; the one loss)."""
-    return nt == 2 and tb == 2 and ks == 8
+# Rows from which a call at KS 8 takes four tiles a block (`four_tiles`): five n-tiles and more.
+FOUR_TILES_ROWS = 11
+
+
+def four_tiles(nt: int, tb: int, ks: int, n: int) -> bool:
+    """Whether a call of `n` rows and variant (nt, tb, ks) takes four tiles a block (hy_mmp_2_4_8,
+    the same sums): FOUR_TILES_ROWS..16 rows (NT 2, five or six n-tiles) at KS 8 where `set_rules`
+    gives TB 2. Each lane's B fragments of a group then serve four tiles, which halves the B these
+    calls read from L2 (at TB 2 and 16 rows, six times the weight bytes). H200, `bench_kernels
+    --models 9B,27B --rows 10,12,14,16 --variants all` (session 23 call 5), us at 12 / 14 / 16 rows,
+    TB 4 against TB 2: 9B gate/up 42.66 / 50.77 / 51.37 against 46.33 / 60.02 / 60.31, 9B head
+    416.5 / 494.6 / 493.9 against 452.7 / 592.3 / 595.5, 9B attention in 28.72 / 33.64 / 33.79
+    against 30.05 / 38.93 / 39.01, 9B GDN in 28.85 / 33.64 / 33.63 against 30.23 / 39.37 / 39.46,
+    27B o 19.87 / 23.44 / 23.62 against 20.98 / 27.66 / 27.69, 27B gate/up 84.06 / 99.58 / 100.39
+    against 90.18 / 121.36 / 121.62, 27B head 495.1 / 587.9 / 586.5 against 544.0 / 761.5 /
+    778.1, 27B attention in 33.82 / 40.28 / 40.38 against 37.23 / 48.7 / 48.85, 27B GDN in 34.16 /
+    40.69 / 40.93 against 38.08 / 52.43 / 52.84; 27B down 64.19 / 71.29 / 71.49 against 58.53 /
+    106.72 / 107.03 (its 80 items of 544 groups at TB 4 leave SMs idle: the one loss, at five
+    n-tiles). At four n-tiles (9, 10 rows) TB 4 loses on every set: at 10 rows 9B gate/up 50.3
+    against 41.28, 9B head 476.1 against 399.5, 27B gate/up 98.03 against 79.96, 27B o 23.73
+    against 19.3."""
+    return nt == 2 and tb == 2 and ks == 8 and n >= FOUR_TILES_ROWS
 
 
 def one_wave(items: int, cap_mmp: int, cap_mmr: int) -> bool:

@@ -188,14 +188,15 @@ __device__ __forceinline__ void hy_mmr(const HyJob* jobs, int nj, const bf16* p0
 #ifndef HY_MVS_MB_16
 #define HY_MVS_MB_16 1
 #endif
-// and of hy_mmp_2_4_8's: one, its 255 registers without a spill (at two, hy_mmp_2_2_8 spills 272 /
-// 236 bytes; ptxas -v). Four tiles a block read each lane's B fragments of a group once for four
-// tiles instead of two, which halves what 9..16-row calls read from L2 (6 B bytes a weight byte at
-// TB 2, 16 rows), where they spend their time (the rule: mma_rules.four_tiles). hy_mmp_1_4_8 was
-// tried and lost at 3..8 rows on every set (H200, session 23, `bench_kernels --models 9B,27B --rows
-// 3,4,8 --variants all`, us at 8 rows against hy_mmp_1_2_8): at one block an SM (252 registers)
-// 9B gate/up 35.6 against 32.3, the 9B head 347 against 305, 27B down 45.4 against 36.5; at two
-// (128 registers, a 192-byte stack) 44.4, 380 and 71.7.
+// and of hy_mmp_2_4_8's: one, so its 255 registers hold four tiles' sums of six n-tiles without a
+// spill (hy_mmp_2_2_8, two an SM at 128 registers, spills 272 / 236 bytes; ptxas -v). Reading each
+// lane's B fragments of a group once for four tiles instead of two halves what a call of five or
+// six n-tiles reads from L2 (at TB 2 and 16 rows, six times the weight bytes), where its time
+// goes; mma_rules.four_tiles says where it pays (11..16 rows). hy_mmp_1_4_8 was tried and lost at
+// 3..8 rows on every set (H200, session 23 call 1, `bench_kernels --models 9B,27B --rows 3,4,8
+// --variants all`, us at 8 rows against hy_mmp_1_2_8's 32.3, 305 and 36.5): at one block an SM
+// (252 registers) 9B gate/up 35.6, the 9B head 347, 27B down 45.4; at two (128 registers, a
+// 192-byte stack) 44.4, 380 and 71.7.
 #ifndef HY_MB_2_4_8
 #define HY_MB_2_4_8 1
 #endif

@@ -209,7 +209,7 @@ def test_rows_bit_for_bit_in_any_call(ctx, fx, store, bufs, ks, cols):
                     for i in range(16)])
     forms = [(0, 1, False, False), (0, 2, False, False), (0, 1, True, False), (0, 2, True, False),
              (1, 1, False, False), (1, 2, False, False), (2, 1, False, False), (2, 2, False, False)]
-    # hy_mmr: KS 8, 3..8 rows; four tiles a block: KS 8, 9..16 rows
+    # hy_mmr: KS 8, 3..8 rows; four tiles a block: hy_mmp_2 at KS 8
     forms += [(1, 1, False, True), (1, 2, False, True), (2, 4, False, False)] if ks == 8 else []
     for nt, tb, st, lean in forms:
         for n in [1, 2, 3, 5, 8, 9, 13, 16]:

@@ -259,8 +259,8 @@ def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds():
     for rows, ks in ((4096, 16), (14336, 8), (24576, 8)):
         ms = mma.MmaSet(ctx, [mma.JobSpec(Wide(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
         nt = int(mma_rules.fewer_waves(ms.blocks[2], *rounds[ks]))
-        assert [ms.choice(fx, n) for n in (1, 2, 9)] == [(nt, 2, ks, False, False)] * 2 + [
-            (2, 4 if ks == 8 else 2, ks, False, False)]
+        assert [ms.choice(fx, n) for n in (1, 2, 9, 11)] == [(nt, 2, ks, False, False)] * 2 + [
+            (2, 2, ks, False, False), (2, 4 if ks == 8 else 2, ks, False, False)]
 
 
 def test_few_row_calls_take_one_tile_a_block_where_it_evens_the_sms():
@@ -324,19 +324,20 @@ def test_multi_row_calls_at_ks8_take_hy_mmr_where_its_grid_takes_them_in_one_wav
         assert ms.variant(3) == (1, 2, 8) and ms.blocks[2] == items
         lean = cap_mmp < items <= fx.mmr_cap[0][1]
         assert [ms.choice(fx, n) for n in (3, 5, 6, 8)] == [(1, 2, 8, False, lean)] * 4, items
-        assert ms.choice(fx, 9) == (2, 4, 8, False, False)
+        assert ms.choice(fx, 9) == (2, 2, 8, False, False)
     small = mma.MmaSet(ctx, [mma.JobSpec(Wide(4096, 0x1000), 0xA000, 0, 4096, 4096)], mma.KIND_Q4TP)
     assert small.choice(fx, 4) == (1, 2, 16, False, False)  # KS 16: no hy_mmr
 
 
 def test_sixteen_row_calls_at_ks8_take_four_tiles_a_block():
-    """four_tiles, and `choice` on a fake card: 9..16-row calls over KS 8 sets take hy_mmp_2_4_8
+    """four_tiles, and `choice` on a fake card: 11..16-row calls over KS 8 sets take hy_mmp_2_4_8
     (launched over the set's TB 4 job table), KS 16 sets and one-tile sets keep their TB, fewer
     rows never take TB 4; a variant no kernel has is refused by name."""
     import _fakecard
 
-    assert mma_rules.four_tiles(2, 2, 8)
-    assert not any(mma_rules.four_tiles(*v) for v in ((1, 2, 8), (0, 2, 8), (2, 2, 16), (2, 1, 8)))
+    assert mma_rules.four_tiles(2, 2, 8, 11) and mma_rules.four_tiles(2, 2, 8, 16)
+    assert not mma_rules.four_tiles(2, 2, 8, 10)  # four n-tiles
+    assert not any(mma_rules.four_tiles(*v, 16) for v in ((1, 2, 8), (0, 2, 8), (2, 2, 16), (2, 1, 8)))
 
     class Wide(_Mat):
         cols = 4096
@@ -348,7 +349,8 @@ def test_sixteen_row_calls_at_ks8_take_four_tiles_a_block():
     ms = mma.MmaSet(ctx, specs, mma.KIND_Q4TP)
     assert ms.blocks == {1: 1536 + 3, 2: 768 + 2, 4: 384 + 1}
     assert list(ms.jobs[4]["blk0"]) == [0, 384]
-    assert [ms.choice(fx, n) for n in (8, 9, 16)] == [(1, 2, 8, False, False)] + [(2, 4, 8, False, False)] * 2
+    assert [ms.choice(fx, n) for n in (8, 10, 11, 16)] == [(1, 2, 8, False, False), (2, 2, 8, False, False)] + [
+        (2, 4, 8, False, False)] * 2
     small = mma.MmaSet(ctx, [mma.JobSpec(Wide(4096, 0x1000), 0xA000, 0, 4096, 4096)], mma.KIND_Q4TP)
     assert small.choice(fx, 16) == (2, 2, 16, False, False)
     short = mma.MmaSet(ctx, [mma.JobSpec(Wide(1024, 0x1000), 0xA000, 0, 1024, 1024)] * 6, mma.KIND_Q4TP)
