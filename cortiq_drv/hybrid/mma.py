@@ -258,10 +258,9 @@ def check_planes(p: Planes, n: int, cols: int, what: str) -> None:
 
 
 class MmaSet:
-    """One launch's q4tp matrices: job tables for one, two and four tiles a block (`jobs`,
-    `blocks`: by TB), the choices the
-    reference's `MmaSet` makes (`mmaset_kind`, `variant`) and the ones measured here on top of
-    them (`choice`)."""
+    """One launch's q4tp matrices: job tables for one, two and four tiles a block (`jobs`, `blocks`:
+    by TB), the choices the reference's `MmaSet` makes (`mmaset_kind`, `variant`) and the ones
+    measured here on top of them (`choice`)."""
 
     def __init__(self, ctx, list_, kind: int):
         if not list_:
