@@ -374,8 +374,10 @@ def bench_matvecs(label: str, a, bw: float, emit) -> None:
     hs = hstate.current()
     ctx, fx = hs.ctx, hs.hfuncs(s.heads // s.kv_heads, s.head_dim)
     opts = SimpleNamespace(rows=a.rows, variants="rule", reps=a.reps, no_cublas=True)
+    tflops = bk.mma_rate(ctx, a.reps)
+    emit(bk.mma_rate_line(tflops))
     for name, rows, cols, pair in bk.matrices(m):
-        bk.bench_matrix(ctx, fx, label, name, rows, cols, pair, opts, bw, emit)
+        bk.bench_matrix(ctx, fx, label, name, rows, cols, pair, opts, bw, tflops, emit)
 
 
 def main(argv=None) -> int:

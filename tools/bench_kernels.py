@@ -9,7 +9,10 @@ step's launches of several jobs, attention's q + k + v as attn_in and GDN's qkv 
 and each row count: the kernel's time with the weights rotated through copies larger than L2 (so every call
 reads them from memory), the bytes it reads (repacked tiles + codes + ladders) per second, the
 ratio to the read bandwidth measured in the same run (a streaming-read kernel), the ratio to the
-one-row time, and cuBLAS f16 GEMM (ctx.gemm, f16 weights, also rotated) on the same shape. Times
+one-row time, the tensor-core floor (the mma.sync work the call does, 16 x 8 x 16 products for
+each 16-row tile, 16 columns and n-tile of 8 plane columns, at the mma.sync rate measured in the
+same run: `mma_rate`), the larger of the two floors against the time (`vs_floor`), and cuBLAS
+f16 GEMM (ctx.gemm, f16 weights, also rotated) on the same shape. Times
 are medians over --reps replays of a captured graph of back-to-back launches (launch gaps
 included, as in a decode step's graph). `--variants all` times every (TB, KS) choice as well
 (at one and two rows hy_mmv, staged or not where the columns fit, and hy_mmp_1; at 3..8 rows and
@@ -74,6 +77,29 @@ def matrices(m: dict) -> list[tuple[str, tuple[int, ...], int, bool]]:
             ("attn_in", (q, kv, kv), h, False), ("gdn_in", (qkv, z), h, False)]
 
 
+# The mma.sync rate: every warp runs MMA_CHAINS independent chains of m16n8k16 bf16 products
+# (f32 accumulate, the matvec's instruction), MMA_ITERS each.
+MMA_CHAINS = 8
+MMA_ITERS = 4096
+MMA_SRC = r"""
+extern "C" __global__ void mma_rate(int iters, float* out) {
+    const unsigned a = 0x3F803F80u, b = 0x3F003F00u;  // bf16 pairs (1, 1) and (0.5, 0.5)
+    float d[%d][4] = {};
+    for (int i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int k = 0; k < %d; ++k)
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%%0,%%1,%%2,%%3}, "
+                         "{%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};"
+                         : "+f"(d[k][0]), "+f"(d[k][1]), "+f"(d[k][2]), "+f"(d[k][3])
+                         : "r"(a), "r"(a), "r"(a), "r"(a), "r"(b), "r"(b));
+    }
+    float s = 0.0f;
+    for (int k = 0; k < %d; ++k) s += d[k][0] + d[k][1] + d[k][2] + d[k][3];
+    if (s == 1234.5f) out[0] = s;
+}
+""" % (MMA_CHAINS, MMA_CHAINS, MMA_CHAINS)
+
+
 def graph_us(ctx, calls, reps: int) -> float:
     """Median microseconds per call of a captured graph replaying `calls` back to back."""
     g = capture(ctx, lambda: [c() for c in calls])
@@ -111,11 +137,38 @@ def read_bandwidth(ctx, reps: int) -> float:
         out.close()
 
 
+def mma_rate(ctx, reps: int) -> float:
+    """TFLOP/s of mma.sync m16n8k16 bf16 (f32 accumulate) on the whole card: 8 warps a block, 4
+    blocks an SM, each warp's MMA_CHAINS chains independent."""
+    f = func(load(ctx, compile_cubin(MMA_SRC, (), ctx.arch)), "mma_rate")
+    out = Buf.new(ctx, 4)
+    grid = 4 * ctx.sm_count
+    args = kargs("iQ", MMA_ITERS, out)
+    try:
+        us = graph_us(ctx, [lambda: ctx.launch(f, (grid, 1), 256, 0, args)], reps)
+        return grid * 8 * MMA_ITERS * MMA_CHAINS * (2 * 16 * 8 * 16) / us / 1e6
+    finally:
+        out.close()
+
+
+def mma_flops(parts, cols: int, n: int) -> int:
+    """The mma.sync work of a call of `n` rows over matrices of `parts` rows (a gate/up pair: both
+    halves'): every 16-row tile times `cols` times the 8 B columns of each n-tile the n rows' three
+    planes fill (hy_ntc), two flops a product."""
+    tiles = sum(-(-rows // 16) for rows in parts)
+    return 2 * tiles * 16 * cols * 8 * mma.mmr_ntc(n)
+
+
 def read_bw_line(ctx, bw: float) -> dict:
     """A run's first JSON line: the read bandwidth and what measured it (arch, SMs, and whether
     the kernels marked pdl went as programmatic dependents: Ctx.pdl_on)."""
     return dict(bench="read_bw", tbps=round(bw, 3), bytes=READ_BYTES, device=ctx.arch, sms=ctx.sm_count,
                 pdl=ctx.pdl_on)
+
+
+def mma_rate_line(tflops: float) -> dict:
+    """The run's mma.sync rate (the tensor-core floor's divisor)."""
+    return dict(bench="mma_rate", tflops=round(tflops, 1), instr="mma.sync.m16n8k16.bf16.f32")
 
 
 class Rotated:
@@ -181,7 +234,7 @@ def cublas_us(ctx, rows, cols, n, reps) -> float:
             b.close()
 
 
-def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
+def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, mma_tflops, emit) -> None:
     rows = sum(parts)
     rot = Rotated(ctx, fx, parts, cols, pair, np.random.default_rng(rows + cols))
     planes = [Buf.new(ctx, mma.NMAX * cols * 2) for _ in range(3)]
@@ -212,11 +265,14 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit) -> None:
                 if var == rule and n == a.rows[0]:
                     t1 = us
                 tbps = rot.bytes / us / 1e6
+                mem_floor, mma_floor = rot.bytes / bw / 1e6, mma_flops(parts, cols, n) / mma_tflops / 1e6
                 line = dict(bench="hy_mmp", model=model, matrix=name, rows=rows, cols=cols, n=n,
                             variant="%d_%d_%d" % var[:3] + ("s" if var[3] else "") + ("r" if var[4] else ""),
                             rule=var == rule, us=round(us, 2),
                             bytes=rot.bytes, tbps=round(tbps, 3), read_tbps=round(bw, 3),
-                            ratio=round(tbps / bw, 3), vs_first_n=round(us / t1, 3) if t1 else None)
+                            ratio=round(tbps / bw, 3), vs_first_n=round(us / t1, 3) if t1 else None,
+                            mem_floor_us=round(mem_floor, 2), mma_floor_us=round(mma_floor, 2),
+                            vs_floor=round(max(mem_floor, mma_floor) / us, 3))
                 if var == rule and not a.no_cublas:
                     cu = cublas_us(ctx, rows, cols, n, a.reps)
                     line.update(cublas_f16_us=round(cu, 2), cublas_f16_tbps=round(rows * cols * 2 / cu / 1e6, 3),
@@ -256,13 +312,14 @@ def main(argv=None) -> int:
             out.write(text + "\n")
             out.flush()
 
-    bw = read_bandwidth(ctx, a.reps)
+    bw, tflops = read_bandwidth(ctx, a.reps), mma_rate(ctx, a.reps)
     emit(read_bw_line(ctx, bw))
+    emit(mma_rate_line(tflops))
     want = set(a.matrices.split(",")) if a.matrices else None
     for model in a.models.split(","):
         for name, parts, cols, pair in matrices(MODELS[model]):
             if want is None or name in want:
-                bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, emit)
+                bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, tflops, emit)
     if out:
         out.close()
     return 0
