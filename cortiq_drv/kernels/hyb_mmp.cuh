@@ -192,7 +192,12 @@ __device__ __forceinline__ void hy_mmr(const HyJob* jobs, int nj, const bf16* p0
 // spill (hy_mmp_2_2_8, two an SM at 128 registers, spills 272 / 236 bytes; ptxas -v). Reading each
 // lane's B fragments of a group once for four tiles instead of two halves what a call of five or
 // six n-tiles reads from L2 (at TB 2 and 16 rows, six times the weight bytes), where its time
-// goes; mma_rules.four_tiles says where it pays (11..16 rows). hy_mmp_1_4_8 was tried and lost at
+// goes; mma_rules.four_tiles says where it pays (11..16 rows). It is latency-bound at its two
+// warps a scheduler (ncu, session 23 call 9, 9B gate/up at 16 rows: 0.46 eligible, issue slots
+// 35.6% busy, the tensor pipe 26.7% active; stalls an issued instruction: wait 1.62, long
+// scoreboard 0.83, no instruction 0.55); fetching the next group's B fragments a group ahead (as
+// up to three n-tiles do) spills 48 bytes and loses at 12 and 16 rows (call 7: 9B gate/up 48.06 /
+// 55.67 against 43.21 / 51.99 us), ties TB 2 at 10. hy_mmp_1_4_8 was tried and lost at
 // 3..8 rows on every set (H200, session 23 call 1, `bench_kernels --models 9B,27B --rows 3,4,8
 // --variants all`, us at 8 rows against hy_mmp_1_2_8's 32.3, 305 and 36.5): at one block an SM
 // (252 registers) 9B gate/up 35.6, the 9B head 347, 27B down 45.4; at two (128 registers, a
