@@ -39,7 +39,10 @@ PDL_KERNELS = ("hy_gdn_front", "hy_gdn_scan", "hy_gdn_scan4", "hy_gdn_out32", "h
 # --tokens 16 --windows 2,4,8,16, window device ms, fused at every n / at n <= 1 / at n <= 3:
 # 9b n 2 2.2174 / 2.2057 / 2.2012, n 4 2.804 / 2.7805 / 2.7834, n 8 3.5763 / 3.472 / 3.4706, n 16
 # 6.7811 / 6.6361 / 6.6349; 27b n 2 6.5117 / 6.6015 / 6.5124, n 4 8.3029 / 8.3302 / 8.3285, n 8
-# 10.69 / 10.6033 / 10.6192, n 16 22.689 / 22.4723 / 22.4705; one-row steps unchanged.
+# 10.69 / 10.6033 / 10.6192, n 16 22.689 / 22.4723 / 22.4705; one-row steps unchanged. The pair
+# at one row too (0) loses the step (session 23 call 10, the same command with --windows 2, device
+# ms, two runs each, 3 against 0: 9b 2.0465 / 2.041 against 2.0627 / 2.0629, 27b 6.0454 / 6.0205
+# against 6.1003 / 6.0814; 277 against 301 nodes on 9b).
 FUSED_SCAN_ROWS = 3
 
 
