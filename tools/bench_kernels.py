@@ -9,10 +9,9 @@ step's launches of several jobs, attention's q + k + v as attn_in and GDN's qkv 
 and each row count: the kernel's time with the weights rotated through copies larger than L2 (so every call
 reads them from memory), the bytes it reads (repacked tiles + codes + ladders) per second, the
 ratio to the read bandwidth measured in the same run (a streaming-read kernel), the ratio to the
-one-row time, the tensor-core floor (the mma.sync work the call does, 16 x 8 x 16 products for
-each 16-row tile, 16 columns and n-tile of 8 plane columns, at the mma.sync rate measured in the
-same run: `mma_rate`), the larger of the two floors against the time (`vs_floor`), and cuBLAS
-f16 GEMM (ctx.gemm, f16 weights, also rotated) on the same shape. Times
+one-row time, the tensor-core floor (`mma_flops`, the mma.sync work the call does, at the
+mma.sync rate measured in the same run, `mma_rate`), the larger floor against the time
+(`vs_floor`), and cuBLAS f16 GEMM (ctx.gemm, f16 weights, also rotated) on the same shape. Times
 are medians over --reps replays of a captured graph of back-to-back launches (launch gaps
 included, as in a decode step's graph). `--variants all` times every (TB, KS) choice as well
 (at one and two rows hy_mmv, staged or not where the columns fit, and hy_mmp_1; at 3..8 rows and

@@ -3,8 +3,8 @@ reference's `mmaset_kind_` rules (`set_rules`: KS and TB of a set), and the choi
 top of them for one- and two-row calls (`evens_tiles`: one tile a block; `stages_b`: a one-row
 call's columns staged in shared memory; `fewer_waves`: hy_mmp_1 for hy_mmv), for 3..8-row
 calls (`one_wave`: hy_mmr for hy_mmp_1) and for 11..16-row calls (`four_tiles`: four tiles a
-block). Only `set_rules`' KS changes a row's bits; every other
-choice runs the same sums. Each rule gives the H200 measurements it rests on.
+block). Only `set_rules`' KS changes a row's bits; every other choice runs the same sums. Each
+rule gives the H200 measurements it rests on.
 """
 
 from __future__ import annotations

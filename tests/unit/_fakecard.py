@@ -169,8 +169,8 @@ class FakeFunc:
     kernels'; 0 for the others), both of which test_kernels_compile holds to ptxas' own, so the
     grid caps are the card's."""
 
-    REGS = {"hy_mmp_2_4_8": 255, "hy_mmp_": 128, "hy_mmr_": 80, "hy_mmv_1_8": 80, "hy_mmv_2_8": 80, "hy_mmvs_1_8": 80,
-            "hy_mmvs_2_8": 80, "hy_mmvs_1_16": 92, "hy_mmvs_2_16": 128}
+    REGS = {"hy_mmp_2_4_8": 255, "hy_mmp_": 128, "hy_mmr_": 80, "hy_mmv_1_8": 80, "hy_mmv_2_8": 80,
+            "hy_mmvs_1_8": 80, "hy_mmvs_2_8": 80, "hy_mmvs_1_16": 92, "hy_mmvs_2_16": 128}
     # HySmem<NC, TB, KS>: the rung tables, the warps' sums, the outputs, the mbarriers
     SMEM = {"hy_mmp_1_1_8": 7744, "hy_mmp_1_1_16": 11904, "hy_mmp_1_2_8": 15424, "hy_mmp_1_2_16": 23680,
             "hy_mmp_2_1_8": 9280, "hy_mmp_2_1_16": 13440, "hy_mmp_2_2_8": 18496, "hy_mmp_2_2_16": 26752,
