@@ -11,11 +11,16 @@ be built on a CPU machine and carried to the card in the cache directory.
       `arch`, `extra`), e.g. `record $OUT/compiles.jsonl -- tests/gpu -m gpu --require-gpu -q`
   python3 tools/kernel_cache.py build LOG [--dir DIR] [-j N]
       compiles each distinct logged compile from the sources as they are now into DIR (default:
-      the kernel cache, CORTIQ_DRV_KERNEL_CACHE), N processes at a time
+      the kernel cache, CORTIQ_DRV_KERNEL_CACHE), N processes at a time; a CUBIN already there is
+      marked used now (its modification time), like one just built
+  python3 tools/kernel_cache.py prune [--dir DIR] [--max-mib M]
+      removes the CUBINs of DIR used longest ago until the rest hold at most M MiB (default 56:
+      the device tool carries 64 MiB in all), so builds for several trees can share one directory
 
 A compile of any other source (a test's own) is logged with `source` null; build reports and
 skips it, as it does a logged file this tree no longer has. For the device tool: `build LOG --dir
-.kc` here (`.kc/` is git-ignored), then a run that carries `.kc` with CORTIQ_DRV_KERNEL_CACHE=.kc.
+.kc` here (`.kc/` is git-ignored; once for each tree a call runs, with PYTHONPATH at that tree),
+`prune --dir .kc`, then a run that carries `.kc` with CORTIQ_DRV_KERNEL_CACHE=.kc.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from pathlib import Path
 from cortiq_drv.cu import nvrtc
 
 WEIGHT_SIDE = "weight_side"
+# The most a pruned kernel cache keeps by default (MiB).
+PRUNE_MIB = 56
 
 
 def source_text(name: str) -> str:
@@ -103,7 +110,10 @@ def distinct(log: Path) -> list[dict]:
 
 def _build_one(e: dict) -> tuple[str, float]:
     t0 = time.perf_counter()
-    nvrtc.compile_cubin(source_text(e["source"]), e["defines"], e["arch"], e["extra"])
+    args = (source_text(e["source"]), e["defines"], e["arch"], e["extra"])
+    nvrtc.compile_cubin(*args)
+    # a hit counts as used now, as a fresh build does, so `prune` keeps it
+    os.utime(nvrtc.cubin_path(*args))
     return f"{e['source']} {e['defines']} {e['arch']} {' '.join(e['extra'])}".rstrip(), time.perf_counter() - t0
 
 
@@ -134,6 +144,26 @@ def build(log: Path, cache_dir: Path | None, jobs: int) -> list[dict]:
     return todo
 
 
+def prune(cache_dir: Path | None, max_bytes: int) -> list[Path]:
+    """Remove the CUBINs of `cache_dir` (or the knob's kernel cache) used longest ago (modification
+    time: `build` and a compile set it) until the rest hold at most `max_bytes`: the files
+    removed. Other files are left alone."""
+    from cortiq_drv import knobs
+
+    root = cache_dir if cache_dir is not None else knobs.get().kernel_cache
+    files = sorted(root.glob("*.cubin"), key=lambda p: p.stat().st_mtime, reverse=True)
+    kept, removed = 0, []
+    for p in files:
+        size = p.stat().st_size
+        if kept + size <= max_bytes and not removed:
+            kept += size
+        else:
+            p.unlink()
+            removed.append(p)
+    print(f"{len(removed)} CUBINs removed, {len(files) - len(removed)} kept ({kept / 2**20:.1f} MiB) in {root}")
+    return removed
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -144,6 +174,9 @@ def main(argv=None) -> int:
     bld.add_argument("log", type=Path)
     bld.add_argument("--dir", type=Path, default=None)
     bld.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    prn = sub.add_parser("prune", help="keep a cache directory's most recently used CUBINs")
+    prn.add_argument("--dir", type=Path, default=None)
+    prn.add_argument("--max-mib", type=float, default=PRUNE_MIB)
     rest: list[str] = []
     if "--" in argv:
         at = argv.index("--")
@@ -152,8 +185,11 @@ def main(argv=None) -> int:
     if a.cmd == "record":
         return record(a.log, rest)
     if rest:
-        ap.error("build takes no arguments after --")
-    build(a.log, a.dir, a.jobs)
+        ap.error(f"{a.cmd} takes no arguments after --")
+    if a.cmd == "prune":
+        prune(a.dir, int(a.max_mib * 2**20))
+    else:
+        build(a.log, a.dir, a.jobs)
     return 0
 
 

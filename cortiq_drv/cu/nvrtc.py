@@ -127,11 +127,20 @@ def compile_program(src: str, options, name: str = "cortiq.cu", ptx: bool = Fals
         nv.nvrtcDestroyProgram(prog)
 
 
+def _cached(src: str, defines, arch: str, extra) -> tuple[list[str], Path]:
+    """A compile's options and the file the kernel cache keeps its CUBIN in (its content address)."""
+    options = options_for(defines, arch, extra)
+    return options, knobs.get().kernel_cache / f"{cache_key(src, options, nvrtc_version(), arch)}.cubin"
+
+
+def cubin_path(src: str, defines=(), arch: str = "sm_90", extra=()) -> Path:
+    """Where `compile_cubin` keeps (or would keep) this compile's CUBIN."""
+    return _cached(src, defines, arch, extra)[1]
+
+
 def compile_cubin(src: str, defines=(), arch: str = "sm_90", extra=()) -> bytes:
     """CUBIN for `src` on `arch`, from the disk cache when this exact compile ran before."""
-    options = options_for(defines, arch, extra)
-    key = cache_key(src, options, nvrtc_version(), arch)
-    path = knobs.get().kernel_cache / f"{key}.cubin"
+    options, path = _cached(src, defines, arch, extra)
     hit = _memo.get(path)
     if hit is not None:
         return hit

@@ -40,6 +40,7 @@ def test_compile_writes_one_cubin_and_reuses_it(cache_dir, monkeypatch):
     files = list(cache_dir.iterdir())
     assert [f.suffix for f in files] == [".cubin"]
     assert files[0].read_bytes() == cubin
+    assert nvrtc.cubin_path(_SRC, {"N": 3}, "sm_80") == files[0]
     # a fresh process (no memo) reads the disk copy instead of compiling
     monkeypatch.setattr(nvrtc, "_memo", {})
     monkeypatch.setattr(nvrtc, "compile_program", lambda *a, **k: pytest.fail("recompiled"))
