@@ -183,7 +183,13 @@ __device__ __forceinline__ void pdl_begin() {
 // The line holding p into L2, nothing into registers or L1: free to run before pdl_begin() on
 // any address inside an allocation (every kernel's writes meet in L2, so a line the kernel still
 // running writes is only fetched early, never read stale), for the state and weights a kernel
-// reads after it.
+// reads after it. Fetching the next matvec's weights from the kernels before it instead, while the
+// memory would idle there, loses heavily: one cp.async.bulk.prefetch.L2 of 16 KiB a thread, the
+// norms fetching the first 4 / 8 / 16 MiB of the set after them and the GDN front and hy_qk the
+// whole out projection (H200, session 24 call 3, `bench_decode --shapes 9b --source mem
+// --skip-matvec --tokens 16 --windows '' --prompt 64`, device ms): none 2.0076 / 2.011 / 2.0084,
+// out projections alone 2.1556, with the norms' 4 / 8 / 16 MiB 3.4962 / 3.0237 / 2.8107 (27b
+// 6.081 against 6.8321 at 8 MiB); the few blocks of a norm hold their SMs until the bytes land.
 __device__ __forceinline__ void pf_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // 1 / (1 + e^-x) with full-precision expf (the reference's sigmoid).
