@@ -171,6 +171,14 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
 // added), the four lanes of each in order, then warp butterflies, then warps in order: the same
 // sum in every block, row and call.
 // Thread t of block bx writes columns 4q .. 4q + 3, q = 256 bx + t, from the float4 it loaded.
+// Running the norm inside the one-row matvec after it instead (each block of an hy_mmvs-like launch
+// taking the row's denominator and making its staged columns from the row; the same bits, 65
+// launches fewer on the 9B) loses: the step 2.0076 / 2.011 -> 2.1512 ms device (H200, session 24
+// calls 3 and 5, `bench_decode --shapes 9b --source mem --skip-matvec --tokens 16 --windows ''
+// --prompt 64`; 2.337 with the prologue's loads one group at a time, call 4); the 9B gate/up set
+// alone, launched back to back (call 6, us): hy_mmv_2_8 19.04, hy_mmvs_2_8 19.88, fused 22.80,
+// where the norm's launch costs the step about 1.86 us (call 2: 2.0166 -> 1.8954 ms without the
+// 65 norms).
 extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf, int hidden, float eps, int gemma,
                                        bf16* p0, bf16* p1, bf16* p2, int ps) {
     pdl_begin();
