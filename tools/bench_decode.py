@@ -32,9 +32,15 @@ step recorded, then each replayed 10 times in a graph of its own), and `verify_w
 the same for a window of each --windows row count (device_ms less total_us: what the kernels
 timed alone do not explain, the gaps between them in the graph).
 
+With --ablate, one `decode_ablation` line per shape: the one-row step's graph recorded again
+without each class of kernels (ABLATE: the norms, the GDN front, the GDN scan and gated norm, the
+attention core, the matvecs), `device_ms` replayed as above, and `cost_us` = the full step's
+device time less it: what the class costs in the graph, gaps included, where --breakdown times
+each kernel alone. The step's outputs are wrong then (timing only; states move).
+
 Then each matvec's TB/s at --rows rows (`bench_kernels.bench_matrix`, lines with bench "hy_mmp").
 Usage: python tools/bench_decode.py [--shapes 9b,27b] [--tokens 64] [--prompt 512] [--rows 1,4,8,16]
-       [--windows 2,4,8,16] [--source file|mem] [--dir DIR] [--skip-matvec] [--breakdown]
+       [--windows 2,4,8,16] [--source file|mem] [--dir DIR] [--skip-matvec] [--breakdown] [--ablate]
        [--out FILE.jsonl]
 """
 
@@ -57,6 +63,39 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 KV_ID = 7
+
+
+# The kernel classes --ablate leaves out of a step: kernel names, or name prefixes ending in "_".
+ABLATE = {"norms": ("hy_rmsnorm2",), "gdn_front": ("hy_gdn_front",),
+          "gdn_scan": ("hy_gdn_scan", "hy_gdn_scan4", "hy_gdn_out32", "hy_gdn_scan4_out32"),
+          "attention": ("hy_qk", "hy_scores", "hy_values", "hy_finish"),
+          "matvecs": ("hy_mmv_", "hy_mmvs_", "hy_mmp_", "hy_mmr_")}
+
+
+def in_class(name: str, members) -> bool:
+    """Whether kernel `name` is one of an ABLATE class's `members`."""
+    return any(name.startswith(m) if m.endswith("_") else name == m for m in members)
+
+
+class _Skipping:
+    """A context that drops the launches of the kernels in `members` (an ABLATE class) and hands
+    everything else to the real one."""
+
+    def __init__(self, ctx, members):
+        self.__dict__.update(_ctx=ctx, _members=members)
+
+    def launch(self, f, *a) -> None:
+        self.launch_3d(f, (*a[0], 1), *a[1:])
+
+    def launch_3d(self, f, *a) -> None:
+        if not in_class(f.name, self._members):
+            self._ctx.launch_3d(f, *a)
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self._ctx, name, value)
 
 
 class _Counting:
@@ -224,6 +263,32 @@ def _counted(hs, run) -> _Counting:
         hs.ctx, hs.use_graphs = real, graphs
 
 
+def _drop_graphs(hs) -> None:
+    """Close every recorded small-path graph (the next step records its graph again)."""
+    hs.ctx.sync()
+    for k in list(hs.graphs):
+        hs.graphs.pop(k).close()
+
+
+def _ablation(hs, cmf, g, geo, pos: int, rng, reps: int) -> dict:
+    """{class: device ms of the one-row step recorded without it} for each ABLATE class (two steps
+    each: one records the graph, one replays it); the graphs are recorded again after."""
+    real = hs.ctx
+    ms = {}
+    try:
+        for name, members in ABLATE.items():
+            _drop_graphs(hs)
+            hs.ctx = _Skipping(real, members)
+            _steps(hs, cmf, g, geo, pos, 2, rng)
+            pos += 2
+            ms[name], _ = _device_ms(hs, cmf, g, reps)
+            hs.ctx = real
+    finally:
+        hs.ctx = real
+        _drop_graphs(hs)
+    return ms
+
+
 def _kernel_us(ctx, kept, reps: int = 10) -> dict:
     """Per kernel name: [launches in the step, microseconds they take], each launch timed as `reps`
     copies of it in a graph of its own (states move: run it last)."""
@@ -306,7 +371,7 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     hs.kv_hint = (a.prompt + a.warmup + a.tokens + 2 + (64 if a.breakdown else 0)
-                  + sum(a.windows) * (a.reps + 1 + int(a.breakdown)))
+                  + (2 * len(ABLATE) if a.ablate else 0) + sum(a.windows) * (a.reps + 1 + int(a.breakdown)))
     _prompt(hs, cmf, g, geo, a.prompt, rng)
     plan_s = time.perf_counter() - t0
     rec0 = hs.counters.graph_rec
@@ -344,6 +409,14 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
                   step_device_ms=None if dev is None else round(dev, 4),
                   ratio=None if wdev is None or dev is None else round(wdev / dev, 3),
                   target_ratio=1.3 if n == 8 else None))
+    if a.ablate and dev is not None:
+        without = _ablation(hs, cmf, g, geo, pos, rng, max(a.tokens, 16))
+        pos += 2 * len(ABLATE)
+        # each class's launches a step, from the direct step counted above
+        launches = {k: sum(in_class(args[0].name, m) for _, args in counted.kept) for k, m in ABLATE.items()}
+        emit(dict(bench="decode_ablation", shape=label, device_ms=round(dev, 4),
+                  without={k: round(v, 4) for k, v in without.items()}, launches=launches,
+                  cost_us={k: round((dev - v) * 1e3, 1) for k, v in without.items()}))
     if a.breakdown:
         emit(dict(bench="decode_host", shape=label, sections=_host_sections(hs, cmf, g, geo, pos, rng),
                   profile=_host_profile(hs, cmf, g, geo, pos + 32, rng)))
@@ -393,6 +466,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=None, help="where model files go (default: a temporary directory)")
     ap.add_argument("--skip-matvec", action="store_true")
     ap.add_argument("--breakdown", action="store_true", help="kernel times and a host profile of a step")
+    ap.add_argument("--ablate", action="store_true", help="each kernel class's cost in the step's graph")
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     a = ap.parse_args(argv)
     a.rows = [int(v) for v in a.rows.split(",")]

@@ -68,6 +68,14 @@ STAGE_MIN_GROUPS = 384
 STAGE_FEW_GROUPS = 256
 
 
+# The one-row choices for the 9B's sets of 4096 rows at KS 16 hold in the decode step's graph too
+# (H200, session 24 call 8, the 9b step with the variant forced, `bench_decode --shapes 9b --source
+# mem --skip-matvec --tokens 16 --windows '' --prompt 64`, device ms, as chosen 2.0133 / 2.013):
+# the o and GDN out sets on hy_mmv_2_16 2.0795, hy_mmv_1_16 2.0217, hy_mmvs_2_16 2.0028,
+# hy_mmp_1_1_16 2.0582 (chosen: hy_mmp_1_2_16, `fewer_waves`); the down sets on hy_mmv_2_16
+# 2.2968, hy_mmp_1_2_16 2.0707, hy_mmvs_1_16 2.1139 (chosen: hy_mmvs_2_16, `stages_b`).
+
+
 def rounds(items: int, cap: int) -> int:
     """Rounds in which a grid of `cap` resident blocks walks `items` work items."""
     return -(-items // cap)
