@@ -98,6 +98,15 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
 // deep): HY_RUN_STAGES, 9B o on hy_mmp_1_2_16 5.64 against 6.11, 9B down on hy_mmp_1_2_16 12.02
 // against 13.27; HY_MV_STAGES, 9B gate/up on hy_mmv_2_8 19.03 against 24.70, 27B 32.93 against
 // 39.77.
+// What bounds a one-row call is not the issue slots but how far a warp's copies run ahead of its
+// math (H200, session 24 calls 10 and 11, `bench_kernels --models 9B --rows 1 --matrices
+// gate_up,down,o --no-cublas`, us, gate/up / down / o): as it is 18.96 / 10.18 / 5.59; the rings'
+// copies alone, each stage waited for and nothing computed, 13.36 / 8.38 / 3.45 (0.888 / 0.706 /
+// 0.573 of the read bandwidth); with a third of each unit's instructions left out (half the
+// nibble decode, no shifts) 17.95 / 9.48 / 5.23, the decode's fma left out 18.54 / 9.69 / 5.48, the
+// rung lookups 18.90 / 9.58 / 5.42. A warp refills its ring only as it finishes a stage, and three
+// stages ahead do not cover the memory's latency at the pace of a stage's dependent chain; deeper
+// rings cost blocks (8 stages at one row: 22.65 / 12.02 / 5.61, copies alone 15.52 / 7.57 / 3.48).
 #ifndef HY_RUN_STAGES
 #define HY_RUN_STAGES 4
 #endif
