@@ -77,19 +77,12 @@ def in_class(name: str, members) -> bool:
     return any(name.startswith(m) if m.endswith("_") else name == m for m in members)
 
 
-class _Skipping:
-    """A context that drops the launches of the kernels in `members` (an ABLATE class) and hands
-    everything else to the real one."""
+class _Forwarding:
+    """A context wrapper: every attribute it does not define is the real context's (`_ctx`), read
+    and written there."""
 
-    def __init__(self, ctx, members):
-        self.__dict__.update(_ctx=ctx, _members=members)
-
-    def launch(self, f, *a) -> None:
-        self.launch_3d(f, (*a[0], 1), *a[1:])
-
-    def launch_3d(self, f, *a) -> None:
-        if not in_class(f.name, self._members):
-            self._ctx.launch_3d(f, *a)
+    def __init__(self, ctx, **own):
+        self.__dict__.update(_ctx=ctx, **own)
 
     def __getattr__(self, name):
         return getattr(self._ctx, name)
@@ -98,12 +91,27 @@ class _Skipping:
         setattr(self._ctx, name, value)
 
 
-class _Counting:
+class _Skipping(_Forwarding):
+    """A context that drops the launches of the kernels in `members` (an ABLATE class) and hands
+    everything else to the real one."""
+
+    def __init__(self, ctx, members):
+        super().__init__(ctx, _members=members)
+
+    def launch(self, f, grid, block, smem, args) -> None:
+        self.launch_3d(f, (grid[0], grid[1], 1), block, smem, args)
+
+    def launch_3d(self, f, grid, block, smem, args) -> None:
+        if not in_class(f.name, self._members):
+            self._ctx.launch_3d(f, grid, block, smem, args)
+
+
+class _Counting(_Forwarding):
     """A context that counts kernel launches (and keeps them: (method, args)) and hands everything
     to the real one."""
 
     def __init__(self, ctx):
-        self.__dict__.update(_ctx=ctx, kept=[])
+        super().__init__(ctx, kept=[])
 
     @property
     def launches(self) -> int:
@@ -116,12 +124,6 @@ class _Counting:
     def launch_3d(self, *a) -> None:
         self.kept.append(("launch_3d", a))
         self._ctx.launch_3d(*a)
-
-    def __getattr__(self, name):
-        return getattr(self._ctx, name)
-
-    def __setattr__(self, name, value) -> None:
-        setattr(self._ctx, name, value)
 
 
 def step_bytes(g, pos: int) -> dict:

@@ -1,5 +1,9 @@
 """Fixtures shared by the unit tests: NVRTC's presence, a fresh kernel cache, the hybrid arm's tiny
-model."""
+model, a tools/ script as a module."""
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +43,17 @@ def cache_dir(nvrtc_ok, tmp_path, monkeypatch):
     monkeypatch.setattr(nvrtc, "_memo", {})
     yield tmp_path / "kc"
     knobs.reset()
+
+
+@pytest.fixture(scope="module")
+def tool(request):
+    """tools/<TOOL>.py (the test module's TOOL) as a module named `<TOOL>_tool`, in sys.modules
+    while the module's tests run (worker processes a tool starts find its functions by name)."""
+    name = request.module.TOOL
+    path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_tool", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    yield mod
+    del sys.modules[spec.name]

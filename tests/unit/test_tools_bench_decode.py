@@ -1,23 +1,13 @@
 """tools/bench_decode.py's --ablate: which kernels each class names, and the context that leaves a
 class's launches out of a step while handing every other call to the real one (no device)."""
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
-
-import pytest
 
 from cortiq_drv.hybrid import launch, mma
 
-_TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_decode.py"
 
-
-@pytest.fixture(scope="module")
-def tool():
-    spec = importlib.util.spec_from_file_location("bench_decode_tool", _TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+# the tools/ script the `tool` fixture (conftest) imports
+TOOL = "bench_decode"
 
 
 def test_classes_name_the_step_kernels(tool):

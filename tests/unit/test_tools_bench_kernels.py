@@ -2,22 +2,11 @@
 16-row tile, the columns, 8 B columns an n-tile of the rows' three planes) and the rate kernel
 that divides it, which must compile to an entry point (NVRTC, no device)."""
 
-import importlib.util
-from pathlib import Path
-
-import pytest
-
 from cortiq_drv.cu import nvrtc
 
-_TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_kernels.py"
 
-
-@pytest.fixture(scope="module")
-def tool():
-    spec = importlib.util.spec_from_file_location("bench_kernels_tool", _TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+# the tools/ script the `tool` fixture (conftest) imports
+TOOL = "bench_kernels"
 
 
 def test_mma_flops_counts_tiles_columns_and_n_tiles(tool):

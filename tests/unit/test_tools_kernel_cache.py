@@ -1,10 +1,7 @@
 """tools/kernel_cache.py: compiles recorded as named sources, and a build from the log filling a
 cache directory that a later compile_cubin of the same source and options hits."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,17 +9,9 @@ from cortiq_drv import knobs
 from cortiq_drv.cu import nvrtc
 from cortiq_drv.kernels import source
 
-_TOOL = Path(__file__).resolve().parents[2] / "tools" / "kernel_cache.py"
 
-
-@pytest.fixture(scope="module")
-def tool():
-    spec = importlib.util.spec_from_file_location("kernel_cache_tool", _TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # the build's worker processes find _build_one by name
-    spec.loader.exec_module(mod)
-    yield mod
-    del sys.modules[spec.name]
+# the tools/ script the `tool` fixture (conftest) imports
+TOOL = "kernel_cache"
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
