@@ -265,13 +265,6 @@ def _counted(hs, run) -> _Counting:
         hs.ctx, hs.use_graphs = real, graphs
 
 
-def _drop_graphs(hs) -> None:
-    """Close every recorded small-path graph (the next step records its graph again)."""
-    hs.ctx.sync()
-    for k in list(hs.graphs):
-        hs.graphs.pop(k).close()
-
-
 def _ablation(hs, cmf, g, geo, pos: int, rng, reps: int) -> dict:
     """{class: device ms of the one-row step recorded without it} for each ABLATE class (two steps
     each: one records the graph, one replays it); the graphs are recorded again after."""
@@ -279,15 +272,16 @@ def _ablation(hs, cmf, g, geo, pos: int, rng, reps: int) -> dict:
     ms = {}
     try:
         for name, members in ABLATE.items():
-            _drop_graphs(hs)
+            real.sync()
+            hs.drop_graphs(lambda k: True)
             hs.ctx = _Skipping(real, members)
             _steps(hs, cmf, g, geo, pos, 2, rng)
             pos += 2
             ms[name], _ = _device_ms(hs, cmf, g, reps)
-            hs.ctx = real
     finally:
         hs.ctx = real
-        _drop_graphs(hs)
+        real.sync()
+        hs.drop_graphs(lambda k: True)
     return ms
 
 

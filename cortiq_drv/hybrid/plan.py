@@ -468,8 +468,7 @@ def plan_for(hs, cmf, layers, layer_base, lm, final_norm, nh, nkv, hd, rd, hidde
 def drop_plan(hs, key) -> None:
     """Forget a plan, its buffers and the graphs recorded over them."""
     p = hs.plans.pop(key)
-    for gk in [k for k in hs.graphs if k[0] == p.id]:
-        hs.graphs.pop(gk).close()
+    hs.drop_graphs(lambda k: k[0] == p.id)
     for hk in [k for k in hs.held if k[0] == p.id]:
         del hs.held[hk]
     hs.admitted = None

@@ -188,8 +188,7 @@ def reset(hs, kv_id: int) -> None:
             m = hs.kv.pop(k)
             hs.ctx.kv_bytes -= m.bytes
             m.close(hs)
-        for k in [k for k in hs.graphs if k[1] == kv_id]:
-            hs.graphs.pop(k).close()
+        hs.drop_graphs(lambda k: k[1] == kv_id)
         for k in [k for k in hs.held if k[1] == kv_id]:
             del hs.held[k]
         hs.admitted = None

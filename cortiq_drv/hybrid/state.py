@@ -373,6 +373,12 @@ class HState:
         for name in names:
             self.scratch.pop(name).close()
 
+    def drop_graphs(self, match) -> None:
+        """Close and forget the recorded small-path graphs whose key (`graphs.graph_key`: plan id,
+        sequence, ...) `match` accepts; a later call records its graph again."""
+        for k in [k for k in self.graphs if match(k)]:
+            self.graphs.pop(k).close()
+
     def pin(self, name: str, dtype, n: int) -> np.ndarray:
         """Pinned host staging `name` as n values of `dtype` at a fixed address, free to write: the
         card has copied out of it whatever was queued before its last `pin_done` (waited for
