@@ -178,7 +178,18 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
 // --prompt 64`; 2.337 with the prologue's loads one group at a time, call 4); the 9B gate/up set
 // alone, launched back to back (call 6, us): hy_mmv_2_8 19.04, hy_mmvs_2_8 19.88, fused 22.80,
 // where the norm's launch costs the step about 1.86 us (call 2: 2.0166 -> 1.8954 ms without the
-// 65 norms).
+// 65 norms). Running it instead in the last block to finish of the launch before it, the one that
+// adds into the row (every block counting itself in on an arrival count, as hy_argmax's parts do;
+// that block taking the row's parts in turn, 256 threads each; the same bits, GPU suite 305 passed
+// on that tree, 214 nodes a 9b step against 277) loses too (H200, session 25 calls 9-10,
+// `bench_decode --shapes 9b,27b --source mem --skip-matvec --tokens 32 --windows 8 --prompt 64`,
+// device ms): 9b step 2.0108 -> 2.2653, 8-row window 3.421 -> 4.9939, 27b step 6.0219 -> 7.3427;
+// a part of that block's turn costs about as much as a whole launch of this kernel, and the code
+// after the matvec alone costs hy_mmv_2_8 registers (its stack 8 -> 56 bytes; `bench_kernels
+// --models 9B --rows 1`, no norm run: gate/up 18.97 -> 19.9 us, GDN in 10.43 -> 11.52). Loading
+// the weights before pdl_begin (no kernel writes them) changes nothing (call 11, the same
+// command, two runs each: 9b 2.0104 / 2.0177 against 2.0089 / 2.0098, 27b 6.0548 / 6.0088
+// against 6.0599 / 5.9916).
 extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf, int hidden, float eps, int gemma,
                                        bf16* p0, bf16* p1, bf16* p2, int ps) {
     pdl_begin();

@@ -98,15 +98,38 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
 // deep): HY_RUN_STAGES, 9B o on hy_mmp_1_2_16 5.64 against 6.11, 9B down on hy_mmp_1_2_16 12.02
 // against 13.27; HY_MV_STAGES, 9B gate/up on hy_mmv_2_8 19.03 against 24.70, 27B 32.93 against
 // 39.77.
-// What bounds a one-row call is not the issue slots but how far a warp's copies run ahead of its
-// math (H200, session 24 calls 10 and 11, `bench_kernels --models 9B --rows 1 --matrices
-// gate_up,down,o --no-cublas`, us, gate/up / down / o): as it is 18.96 / 10.18 / 5.59; the rings'
-// copies alone, each stage waited for and nothing computed, 13.36 / 8.38 / 3.45 (0.888 / 0.706 /
-// 0.573 of the read bandwidth); with a third of each unit's instructions left out (half the
-// nibble decode, no shifts) 17.95 / 9.48 / 5.23, the decode's fma left out 18.54 / 9.69 / 5.48, the
-// rung lookups 18.90 / 9.58 / 5.42. A warp refills its ring only as it finishes a stage, and three
-// stages ahead do not cover the memory's latency at the pace of a stage's dependent chain; deeper
-// rings cost blocks (8 stages at one row: 22.65 / 12.02 / 5.61, copies alone 15.52 / 7.57 / 3.48).
+// What a call costs beyond its copies (H200, `bench_kernels --models 9B --no-cublas`, us, gate/up /
+// down / o, the LM head's ratio to the read bandwidth where given):
+// - session 24 calls 10-11, one row: as it is 18.96 / 10.18 / 5.59; the rings' copies alone, each
+//   stage waited for and nothing computed, 13.36 / 8.38 / 3.45 (0.888 / 0.706 / 0.573 of the read
+//   bandwidth); a third of each unit's instructions left out (half the nibble decode, no shifts)
+//   17.95 / 9.48 / 5.23, the decode's fma left out 18.54 / 9.69 / 5.48, the rung lookups 18.90 /
+//   9.58 / 5.42; 8 stages deep 22.65 / 12.02 / 5.61 (copies alone 15.52 / 7.57 / 3.48).
+// - session 25 call 3, --rows 1,8, a tree with each part left out, one row | 8 rows: as it is 19.0
+//   / 10.28 / 5.65, head 160.45 (0.766) | 32.3 / 15.82 / 7.71, head 311.69; copies alone 13.42 /
+//   8.41 / 3.46, head 129.08 (0.949) | 14.14 / 8.03 / 3.91, head 136.6; no decode and no mma (the B
+//   loads, shared reads, rung lookups and fma kept) 15.79 / 8.96 / 4.49, head 131.09 | 22.6 / 13.99
+//   / 6.36, head 214.81; the decode kept, no mma 18.23 / 9.33 / 5.01, head 146.49 | 28.23 / 15.66 /
+//   7.12, head 277.39; B a constant (no B loads) 17.93 / 10.19 / 5.13, head 159.73 | 24.63 / 12.22
+//   / 6.45, head 242.46.
+// - session 25 call 8, --rows 1,4,8,16, gate/up / down: as it is 19.1 / 10.35, 25.88 / 14.28, 32.26
+//   / 15.74, 51.89 / 33.9; no B loads 17.74 / 10.18, 21.98 / 10.99, 24.51 / 12.16, 34.41 / 14.81;
+//   every group's B loads from the warp's first group (the same instructions, all L1 hits) 17.73 /
+//   9.98, 23.36 / 12.07, 29.51 / 14.68, 50.5 / 23.12.
+// - session 25 call 2 (`--models 9B,27B --rows 1,8,16`, and `bench_decode --shapes 9b,27b --source
+//   mem --skip-matvec --tokens 32 --windows 8,16 --prompt 64`, device ms): stage i + S - 1 issued
+//   before the wait for stage i (S stages in flight while a warp waits, not S - 1) ties: 19.13 /
+//   10.24 / 5.37 against 19.13 / 10.32 / 5.62, 9b step 2.0185 against 2.015, 27b 6.1271 against
+//   6.0304, 9B gate/up at 16 rows 60.47 against 51.97; each stage's bytes taken into registers and
+//   its slot refilled before its math (S in flight throughout; hy_mmv_2_8's stack 8 -> 56 bytes)
+//   loses: 21.44 / 10.36 / 5.97, 9b 2.1584, 27b 6.8345.
+// So at one row a warp's lookahead is not the limit: in the head's steady state the decode and
+// the mma cost about 15 us each over the copies' 129 (latency of a stage's chain, with the issue
+// slots half busy), the B loads 7% of an unstaged call (none of a staged one), and a short matrix
+// loses its first and last microseconds besides (the copies alone reach 0.573 of the bandwidth on
+// o, 0.949 on the head). Past one row the B loads grow (three n-tiles' fragments a group at 8
+// rows, 1.5 KiB a warp against 512 weight bytes; six at 16, fetched a group at a time): a quarter
+// of an 8-row call, a third to a half of a 16-row one, of which L1 hits would save about half.
 #ifndef HY_RUN_STAGES
 #define HY_RUN_STAGES 4
 #endif
