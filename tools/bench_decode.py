@@ -38,10 +38,15 @@ attention core, the matvecs), `device_ms` replayed as above, and `cost_us` = the
 device time less it: what the class costs in the graph, gaps included, where --breakdown times
 each kernel alone. The step's outputs are wrong then (timing only; states move).
 
+With --timeline, the kernels are built with their timeline records (kernels/common.cuh,
+HY_TIMELINE: every figure of the run then comes from them) and one `decode_timeline` line per
+shape gives, per kernel name, what its launches cost the one-row step's replayed graph:
+`timeline_classes`' launches, seg_us, lead_us, body_us and drain_us.
+
 Then each matvec's TB/s at --rows rows (`bench_kernels.bench_matrix`, lines with bench "hy_mmp").
 Usage: python tools/bench_decode.py [--shapes 9b,27b] [--tokens 64] [--prompt 512] [--rows 1,4,8,16]
        [--windows 2,4,8,16] [--source file|mem] [--dir DIR] [--skip-matvec] [--breakdown] [--ablate]
-       [--out FILE.jsonl]
+       [--timeline] [--out FILE.jsonl]
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 KV_ID = 7
+# Records the kernels' timeline holds with --timeline (HY_TIMELINE): a 27b step makes about 181k.
+TIMELINE_RECORDS = 1 << 19
 
 
 # The kernel classes --ablate leaves out of a step: kernel names, or name prefixes ending in "_".
@@ -221,17 +228,28 @@ def _windows(hs, cmf, g, geo, pos: int, ns, reps: int, rng) -> list[tuple[int, l
     return out
 
 
+def _plan(hs, cmf, g):
+    """The plan of the steps and windows (the whole stack with its head), or None."""
+    return hs.plans.get((cmf.uid, 0, len(g.layers), True))
+
+
+def _graph(hs, cmf, g, n: int = 1):
+    """The recorded graph of the one-row step, or with n > 1 of the n-row greedy verify window;
+    None when there is none."""
+    from cortiq_drv.hybrid.graphs import graph_key
+
+    plan = _plan(hs, cmf, g)
+    key = None if plan is None else graph_key(plan, KV_ID, 0, n, n > 1, True, (), pick=True, staged=True)
+    return None if key is None else hs.graphs.get(key)
+
+
 def _device_ms(hs, cmf, g, reps: int, n: int = 1) -> tuple:
     """(milliseconds a replay of the one-row step's graph, or with n > 1 the n-row greedy verify
     window's, takes back to back, microseconds of host time its launch takes after a sync,
     median of 16), (None, None) without a graph."""
     from cortiq_drv.cu import Event
-    from cortiq_drv.hybrid.graphs import graph_key
 
-    plan = hs.plans.get((cmf.uid, 0, len(g.layers), True))
-    win = n > 1
-    key = None if plan is None else graph_key(plan, KV_ID, 0, n, win, True, (), pick=True, staged=True)
-    rec = None if key is None else hs.graphs.get(key)
+    rec = _graph(hs, cmf, g, n)
     if rec is None:
         return None, None
     launch_ns = []
@@ -263,6 +281,66 @@ def _counted(hs, run) -> _Counting:
         return hs.ctx
     finally:
         hs.ctx, hs.use_graphs = real, graphs
+
+
+def _timeline_records(hs, cmf, g) -> np.ndarray:
+    """The timeline records [k][4] (kernels/common.cuh, HY_TIMELINE) of one replay of the one-row
+    step's graph, after two that warm it."""
+    from cortiq_drv.cu import driver
+
+    rec = _graph(hs, cmf, g)
+    mod = _plan(hs, cmf, g).fx.module
+    (nptr, _), (tptr, tbytes) = mod.symbol("hy_tl_n"), mod.symbol("hy_tl")
+    count = np.zeros(1, dtype=np.uint32)
+    rec.launch()
+    rec.launch()
+    hs.ctx.sync()
+    driver.memcpy_htod_async(nptr, count.ctypes.data, 4, hs.ctx.stream)
+    rec.launch()
+    hs.ctx.sync()
+    driver.memcpy_dtoh_async(count.ctypes.data, nptr, 4, hs.ctx.stream)
+    hs.ctx.sync()
+    k = int(count[0])
+    if k * 32 > tbytes:
+        raise SystemExit(f"--timeline: a step makes {k} records, the kernels hold {tbytes // 32}")
+    out = np.zeros((k, 4), dtype=np.uint64)
+    driver.memcpy_dtoh_async(out.ctypes.data, tptr, out.nbytes, hs.ctx.stream)
+    hs.ctx.sync()
+    return out
+
+
+def timeline_classes(records: np.ndarray, names: list) -> dict:
+    """Per kernel name of a step's timeline `records` (`_timeline_records`; `names`: the step's
+    recording launches in order): [launches, seg_us, lead_us, body_us, drain_us] summed over its
+    launches. A launch's grids are ordered by their first block's wait returning; seg: from that
+    to the next launch's (what the launch costs the step), lead: from the launch before's to this
+    one's first block entering pdl_begin (its blocks resident and through their prologue); for
+    matvecs (blocks that record their end) body: to its last block's end, drain: from there to the
+    next launch's first wait return (the last launch's seg and drain: to its own last record)."""
+    end = np.uint64(1 << 63)
+    starts = records[(records[:, 0] & end) == 0]
+    ends = records[(records[:, 0] & end) != 0]
+    grids = {}
+    for grid, t0, t1, _ in starts.tolist():
+        e, w, last = grids.setdefault(grid, [t0, t1, None])
+        grids[grid] = [min(e, t0), min(w, t1), last]
+    for grid, t, _, _ in ends.tolist():
+        g = grids[grid ^ (1 << 63)]
+        g[2] = t if g[2] is None else max(g[2], t)
+    order = sorted(grids.values(), key=lambda v: v[1])
+    if len(order) != len(names):
+        raise SystemExit(f"--timeline: {len(order)} grids recorded, {len(names)} recording launches in the step")
+    out: dict = {}
+    for i, ((entered, waited, last), name) in enumerate(zip(order, names)):
+        nxt = order[i + 1][1] if i + 1 < len(order) else max(waited, last or 0)
+        row = out.setdefault(name, [0, 0.0, 0.0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += (nxt - waited) / 1e3
+        row[2] += (entered - order[i - 1][1]) / 1e3 if i else 0.0
+        if last is not None:
+            row[3] += (last - waited) / 1e3
+            row[4] += (nxt - last) / 1e3
+    return {k: [v[0], *(round(x, 1) for x in v[1:])] for k, v in out.items()}
 
 
 def _ablation(hs, cmf, g, geo, pos: int, rng, reps: int) -> dict:
@@ -405,6 +483,11 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
                   step_device_ms=None if dev is None else round(dev, 4),
                   ratio=None if wdev is None or dev is None else round(wdev / dev, 3),
                   target_ratio=1.3 if n == 8 else None))
+    if a.timeline and dev is not None:
+        names = [args[0].name for _, args in counted.kept if args[0].name != "hy_copy16"]
+        classes = timeline_classes(_timeline_records(hs, cmf, g), names)
+        emit(dict(bench="decode_timeline", shape=label, device_ms=round(dev, 4),
+                  fields=["launches", "seg_us", "lead_us", "body_us", "drain_us"], kernels=classes))
     if a.ablate and dev is not None:
         without = _ablation(hs, cmf, g, geo, pos, rng, max(a.tokens, 16))
         pos += 2 * len(ABLATE)
@@ -463,6 +546,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-matvec", action="store_true")
     ap.add_argument("--breakdown", action="store_true", help="kernel times and a host profile of a step")
     ap.add_argument("--ablate", action="store_true", help="each kernel class's cost in the step's graph")
+    ap.add_argument("--timeline", action="store_true", help="the step's kernels timed in its graph (instrumented)")
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     a = ap.parse_args(argv)
     a.rows = [int(v) for v in a.rows.split(",")]
@@ -491,6 +575,10 @@ def main(argv=None) -> int:
             out.flush()
 
     ctx = Ctx.current()
+    if a.timeline:
+        from cortiq_drv.hybrid import state as hstate
+
+        hstate.current().card.defines["HY_TIMELINE"] = TIMELINE_RECORDS
     bw = bk.read_bandwidth(ctx, a.reps)
     emit(bk.read_bw_line(ctx, bw))
     tmp = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="bench_decode_"))

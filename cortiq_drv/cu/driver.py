@@ -144,6 +144,12 @@ def module_get_function(module, name: str):
     return check(_d.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction", name)
 
 
+def module_get_global(module, name: str) -> tuple[int, int]:
+    """(device address, bytes) of the module's `__device__` variable `name`."""
+    ptr, nbytes = check(_d.cuModuleGetGlobal(module, name.encode()), "cuModuleGetGlobal", name)
+    return int(ptr), int(nbytes)
+
+
 def func_set_max_dyn_smem(func, nbytes: int, name: str = "") -> None:
     check(_d.cuFuncSetAttribute(func, _MAX_DYN_SMEM, nbytes), "cuFuncSetAttribute",
           f"{name} MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}")

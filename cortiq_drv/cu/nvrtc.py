@@ -192,6 +192,10 @@ class Module:
             f = self._funcs[name] = Func(driver.module_get_function(self.handle, name), name)
         return f
 
+    def symbol(self, name: str) -> tuple[int, int]:
+        """(device address, bytes) of the `__device__` variable `name`."""
+        return driver.module_get_global(self.handle, name)
+
     def close(self) -> None:
         if self.handle is not None:
             driver.module_unload(self.handle)

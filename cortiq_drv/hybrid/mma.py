@@ -122,6 +122,7 @@ class MmaFuncs:
     def __init__(self, ctx, module, mv_stages: int = MV_STAGES, run_stages: int = RUN_STAGES):
         # the card's limits, kept here: launches may go through a wrapper of the context (KtCtx)
         self.smem_optin, self.sm_count = ctx.smem_optin, ctx.sm_count
+        self.module = module
         self.mmp = {v: module.func(mmp_name(*v)) for v in MMP_VARIANTS}
         self.mmp_smem = [[ring_bytes(ks, mv_stages if nt == 0 else run_stages) for ks in (8, 16)] for nt in (0, 1, 2)]
         self.grid_cap = {}

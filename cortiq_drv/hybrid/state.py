@@ -41,6 +41,9 @@ class Card:
     def __init__(self, ctx):
         self.ctx = ctx
         self._store: MatStore | None = None
+        # defines hyb.cu compiles with besides HPK and HD (tools/bench_decode.py --timeline sets
+        # HY_TIMELINE before the first plan)
+        self.defines: dict = {}
 
     def new(self, nbytes: int) -> Buf:
         return Buf.new(self.ctx, nbytes)
@@ -63,7 +66,7 @@ class Card:
         # launch imports plan, which imports this module: HFuncs comes in here
         from cortiq_drv.hybrid.launch import HFuncs
 
-        cubin = compile_cubin(source("hyb.cu"), {"HPK": hpk, "HD": hd}, self.ctx.arch)
+        cubin = compile_cubin(source("hyb.cu"), {"HPK": hpk, "HD": hd, **self.defines}, self.ctx.arch)
         return HFuncs(self.ctx, load(self.ctx, cubin))
 
     def store(self, fx) -> MatStore:

@@ -173,10 +173,44 @@ __device__ __forceinline__ void ldsm4t(u32* r, const void* p) {
 // order against that: 9b step 2.0397 / 2.0345 against 2.0648 / 2.0575, 27b 6.015 / 6.0159
 // against 6.1478 / 6.1223; 9b 8-row window 3.4776 / 3.4565 against 3.4252 / 3.4281, 16 rows
 // 6.2095 / 6.2143 against 6.1391 / 6.1335).
+// Timeline records (tools/bench_decode.py --timeline), compiled in only with HY_TIMELINE = the
+// records hy_tl holds: 4 words each, appended at hy_tl_n (the host zeroes it, and reads both by
+// name). pdl_begin's thread 0 of each block: (%gridid, %globaltimer ns on entering it, when its wait
+// returned, SM << 32 | block); hy_mmp_run's thread 0 once its block's last item is done: (%gridid |
+// 1 << 63, that time, 0, block).
+#ifdef HY_TIMELINE
+__device__ unsigned long long hy_tl[4 * HY_TIMELINE];
+__device__ unsigned int hy_tl_n;
+__device__ __forceinline__ unsigned long long hy_tl_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void hy_tl_put(bool end, unsigned long long t0, unsigned long long t1) {
+    unsigned long long grid;
+    unsigned int sm;
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned int k = atomicAdd(&hy_tl_n, 1u);
+    if (k < HY_TIMELINE) {
+        hy_tl[4 * k] = end ? grid | (1ull << 63) : grid;
+        hy_tl[4 * k + 1] = t0;
+        hy_tl[4 * k + 2] = t1;
+        hy_tl[4 * k + 3] = (unsigned long long)sm << 32 | blockIdx.x;
+    }
+}
+#endif
+
 __device__ __forceinline__ void pdl_begin() {
+#ifdef HY_TIMELINE
+    const unsigned long long t0 = hy_tl_now();
+#endif
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+#ifdef HY_TIMELINE
+    if (threadIdx.x == 0 && threadIdx.y == 0) hy_tl_put(false, t0, hy_tl_now());
 #endif
 }
 

@@ -473,4 +473,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         __syncthreads();
         bi = bn;
     }
+#ifdef HY_TIMELINE
+    if (tid == 0) hy_tl_put(true, hy_tl_now(), 0);
+#endif
 }
