@@ -325,8 +325,8 @@ def timeline_classes(records: np.ndarray, names: list) -> dict:
         e, w, last = grids.setdefault(grid, [t0, t1, None])
         grids[grid] = [min(e, t0), min(w, t1), last]
     for grid, t, _, _ in ends.tolist():
-        g = grids[grid ^ (1 << 63)]
-        g[2] = t if g[2] is None else max(g[2], t)
+        entry = grids[grid ^ (1 << 63)]
+        entry[2] = t if entry[2] is None else max(entry[2], t)
     order = sorted(grids.values(), key=lambda v: v[1])
     if len(order) != len(names):
         raise SystemExit(f"--timeline: {len(order)} grids recorded, {len(names)} recording launches in the step")
