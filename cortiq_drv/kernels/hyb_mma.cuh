@@ -189,7 +189,11 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
 // --models 9B --rows 1`, no norm run: gate/up 18.97 -> 19.9 us, GDN in 10.43 -> 11.52). Loading
 // the weights before pdl_begin (no kernel writes them) changes nothing (call 11, the same
 // command, two runs each: 9b 2.0104 / 2.0177 against 2.0089 / 2.0098, 27b 6.0548 / 6.0088
-// against 6.0599 / 5.9916).
+// against 6.0599 / 5.9916). In the step's graph (call 16, `bench_decode --shapes 9b --timeline`) a
+// norm costs 3.7 us from its wait returning to the next matvec's (240.6 us for 65), where a matvec
+// after a matvec costs 0.5 us; the next matvec's blocks enter pdl_begin about 1.9 us after this
+// one's wait returned, their prologue's weight stages (hy_mmv_2_8: 396 blocks of 24 KiB) in flight
+// while it runs. Untried: letting the next launch start only at the end of this one.
 extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf, int hidden, float eps, int gemma,
                                        bf16* p0, bf16* p1, bf16* p2, int ps) {
     pdl_begin();
