@@ -1,5 +1,6 @@
 """tools/bench_decode.py's --ablate: which kernels each class names, and the context that leaves a
-class's launches out of a step while handing every other call to the real one (no device)."""
+class's launches out of a step while handing every other call to the real one; --timeline: the
+records' arithmetic and the define reaching hyb.cu's compile (no device)."""
 
 from types import SimpleNamespace
 
@@ -63,3 +64,23 @@ def test_timeline_classes_times_each_launch_between_wait_returns(tool):
     assert got == {"hy_mmv_2_8": [2, 5.6, 0.2, 5.2, 0.4], "hy_rmsnorm2": [1, 0.4, 2.0, 0.0, 0.0]}
     with pytest.raises(SystemExit, match="3 grids recorded, 2 recording launches"):
         tool.timeline_classes(rec, ["hy_mmv_2_8", "hy_rmsnorm2"])
+
+
+def test_card_compiles_hyb_with_its_defines(monkeypatch):
+    """--timeline's HY_TIMELINE reaches hyb.cu's compile through Card.defines; the loaded module
+    stays reachable from the kernels (its hy_tl symbols)."""
+    import _fakecard
+
+    from cortiq_drv.hybrid import state
+
+    seen = []
+    module = _fakecard.FakeModule()
+    monkeypatch.setattr(state, "compile_cubin", lambda src, defines, arch: seen.append(dict(defines)) or b"")
+    monkeypatch.setattr(state, "load", lambda ctx, cubin: module)
+    ctx = _fakecard.FakeCtx()
+    ctx.arch = "sm_90"
+    card = state.Card(ctx)
+    assert card.funcs(4, 256).module is module and seen == [{"HPK": 4, "HD": 256}]
+    card.defines["HY_TIMELINE"] = 8
+    card.funcs(4, 256)
+    assert seen[1] == {"HPK": 4, "HD": 256, "HY_TIMELINE": 8}
