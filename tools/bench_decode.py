@@ -286,27 +286,18 @@ def _counted(hs, run) -> _Counting:
 def _timeline_records(hs, cmf, g) -> np.ndarray:
     """The timeline records [k][4] (kernels/common.cuh, HY_TIMELINE) of one replay of the one-row
     step's graph, after two that warm it."""
-    from cortiq_drv.cu import driver
-
     rec = _graph(hs, cmf, g)
     mod = _plan(hs, cmf, g).fx.module
-    (nptr, _), (tptr, tbytes) = mod.symbol("hy_tl_n"), mod.symbol("hy_tl")
-    count = np.zeros(1, dtype=np.uint32)
+    count, records = mod.symbol("hy_tl_n"), mod.symbol("hy_tl")
+    # all on the stream, in order: the warm replays, the count zeroed, the timed replay
     rec.launch()
     rec.launch()
-    hs.ctx.sync()
-    driver.memcpy_htod_async(nptr, count.ctypes.data, 4, hs.ctx.stream)
+    count.memset(0)
     rec.launch()
-    hs.ctx.sync()
-    driver.memcpy_dtoh_async(count.ctypes.data, nptr, 4, hs.ctx.stream)
-    hs.ctx.sync()
-    k = int(count[0])
-    if k * 32 > tbytes:
-        raise SystemExit(f"--timeline: a step makes {k} records, the kernels hold {tbytes // 32}")
-    out = np.zeros((k, 4), dtype=np.uint64)
-    driver.memcpy_dtoh_async(out.ctypes.data, tptr, out.nbytes, hs.ctx.stream)
-    hs.ctx.sync()
-    return out
+    k = int(count.to_host(np.uint32)[0])
+    if k * 32 > records.bytes:
+        raise SystemExit(f"--timeline: a step makes {k} records, the kernels hold {records.bytes // 32}")
+    return records.view(0, k * 32).to_host(np.uint64, (k, 4))
 
 
 def timeline_classes(records: np.ndarray, names: list) -> dict:
@@ -322,8 +313,8 @@ def timeline_classes(records: np.ndarray, names: list) -> dict:
     ends = records[(records[:, 0] & end) != 0]
     grids = {}
     for grid, t0, t1, _ in starts.tolist():
-        e, w, last = grids.setdefault(grid, [t0, t1, None])
-        grids[grid] = [min(e, t0), min(w, t1), last]
+        entry = grids.setdefault(grid, [t0, t1, None])
+        entry[0], entry[1] = min(entry[0], t0), min(entry[1], t1)
     for grid, t, _, _ in ends.tolist():
         entry = grids[grid ^ (1 << 63)]
         entry[2] = t if entry[2] is None else max(entry[2], t)
@@ -484,6 +475,7 @@ def bench_shape(label: str, a, bw: float, emit, tmp: Path) -> None:
                   ratio=None if wdev is None or dev is None else round(wdev / dev, 3),
                   target_ratio=1.3 if n == 8 else None))
     if a.timeline and dev is not None:
+        # every kernel of a step records in pdl_begin but hy_copy16 (RowIO's copies)
         names = [args[0].name for _, args in counted.kept if args[0].name != "hy_copy16"]
         classes = timeline_classes(_timeline_records(hs, cmf, g), names)
         emit(dict(bench="decode_timeline", shape=label, device_ms=round(dev, 4),

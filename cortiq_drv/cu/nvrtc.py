@@ -19,6 +19,7 @@ from pathlib import Path
 from cortiq_drv import knobs
 from cortiq_drv.atomic import write_atomic
 from cortiq_drv.cu import driver
+from cortiq_drv.cu.buf import Buf
 from cortiq_drv.errors import NvrtcError
 
 # Options every compile gets besides the arch and the defines.
@@ -192,9 +193,9 @@ class Module:
             f = self._funcs[name] = Func(driver.module_get_function(self.handle, name), name)
         return f
 
-    def symbol(self, name: str) -> tuple[int, int]:
-        """(device address, bytes) of the `__device__` variable `name`."""
-        return driver.module_get_global(self.handle, name)
+    def symbol(self, name: str) -> Buf:
+        """The `__device__` variable `name`, as a non-owning Buf (valid while the module is)."""
+        return Buf(self.ctx, *driver.module_get_global(self.handle, name), False)
 
     def close(self) -> None:
         if self.handle is not None:
