@@ -306,8 +306,9 @@ def timeline_classes(records: np.ndarray, names: list) -> dict:
     launches. A launch's grids are ordered by their first block's wait returning; seg: from that
     to the next launch's (what the launch costs the step), lead: from the launch before's to this
     one's first block entering pdl_begin (its blocks resident and through their prologue); for
-    matvecs (blocks that record their end) body: to its last block's end, drain: from there to the
-    next launch's first wait return (the last launch's seg and drain: to its own last record)."""
+    the kernels whose blocks record their end (hy_tl_end: the matvecs, hy_rmsnorm2) body: to its
+    last block's end, drain: from there to the next launch's first wait return (the last launch's
+    seg and drain: to its own last record)."""
     end = np.uint64(1 << 63)
     starts = records[(records[:, 0] & end) == 0]
     ends = records[(records[:, 0] & end) != 0]

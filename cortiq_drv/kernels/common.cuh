@@ -176,8 +176,8 @@ __device__ __forceinline__ void ldsm4t(u32* r, const void* p) {
 // Timeline records (tools/bench_decode.py --timeline), compiled in only with HY_TIMELINE = the
 // records hy_tl holds: 4 words each, appended at hy_tl_n (the host zeroes it, and reads both by
 // name). pdl_begin's thread 0 of each block: (%gridid, %globaltimer ns on entering it, when its wait
-// returned, SM << 32 | block); hy_mmp_run's thread 0 once its block's last item is done: (%gridid |
-// 1 << 63, that time, 0, block).
+// returned, SM << 32 | block); hy_tl_end's, called where a kernel's block is done (hy_mmp_run once
+// its last item is, hy_rmsnorm2 after its stores): (%gridid | 1 << 63, that time, 0, block).
 #ifdef HY_TIMELINE
 __device__ unsigned long long hy_tl[4 * HY_TIMELINE];
 __device__ unsigned int hy_tl_n;
@@ -211,6 +211,12 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 #ifdef HY_TIMELINE
     if (threadIdx.x == 0 && threadIdx.y == 0) hy_tl_put(false, t0, hy_tl_now());
+#endif
+}
+
+__device__ __forceinline__ void hy_tl_end() {
+#ifdef HY_TIMELINE
+    if (threadIdx.x == 0 && threadIdx.y == 0) hy_tl_put(true, hy_tl_now(), 0);
 #endif
 }
 

@@ -193,7 +193,21 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
 // norm costs 3.7 us from its wait returning to the next matvec's (240.6 us for 65), where a matvec
 // after a matvec costs 0.5 us; the next matvec's blocks enter pdl_begin about 1.9 us after this
 // one's wait returned, their prologue's weight stages (hy_mmv_2_8: 396 blocks of 24 KiB) in flight
-// while it runs. Untried: letting the next launch start only at the end of this one.
+// while it runs. With its blocks' ends recorded too (session 26 call 2), a norm's body (its wait
+// returning to its last block's end) is 1.8 us and its drain (to the next matvec's first wait
+// return) 2.2 us, against 0.8 for a matvec's drain. Each way tried to shorten them loses or ties
+// (session 26 calls 1-5, `bench_decode --shapes 9b,27b --source mem --skip-matvec --tokens 32
+// --windows 8 --prompt 64`, device ms, 9b / 27b step, as it is first):
+// - the next launch let go after the block's reduction (call 1, 2.0123 / 6.0748): 2.0714 / 6.1032;
+//   with the weights loaded before the wait 2.044 / 6.0571; only at the end 2.1056 / 6.1918; every
+//   kernel but the matvecs letting its next launch go only at its end 2.1909 / 6.3396;
+// - let go once the row's loads are in flight (call 2, 2.018 / 6.0094): with the weights loaded
+//   before the wait 2.0114 / 6.005, after it 2.0338 / 6.0912;
+// - the next one-row matvec waiting on a count of this launch's blocks (each adding itself after
+//   its stores and a fence; the matvec's last block to pass zeroing it) instead of on its
+//   completion (call 3, 2.0193 / 5.9987): 2.0473 / 6.1356;
+// - the next matvec issuing 1 or 2 of its 3 first stages before its wait, the rest after (call 5,
+//   2.0158 / 6.0219): 2.0356 / 6.082 and 2.0183 / 6.046.
 extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf, int hidden, float eps, int gemma,
                                        bf16* p0, bf16* p1, bf16* p2, int ps) {
     pdl_begin();
@@ -249,4 +263,5 @@ extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf
         *(u32*)(p1 + at) = m[e];
         *(u32*)(p2 + at) = l[e];
     }
+    hy_tl_end();
 }

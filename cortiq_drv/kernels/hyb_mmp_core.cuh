@@ -97,7 +97,11 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
 // at once (session 22, bench_kernels --models 9B,27B --rows 1 --variants all, us, 4 against 8
 // deep): HY_RUN_STAGES, 9B o on hy_mmp_1_2_16 5.64 against 6.11, 9B down on hy_mmp_1_2_16 12.02
 // against 13.27; HY_MV_STAGES, 9B gate/up on hy_mmv_2_8 19.03 against 24.70, 27B 32.93 against
-// 39.77.
+// 39.77. So it does in the step's graph, where a launch's first stages come in while the kernel
+// before it runs (session 26 call 4, `bench_decode --shapes 9b,27b --source mem --skip-matvec
+// --tokens 32 --windows 8 --prompt 64`, device ms, 9b step / 8-row window / 27b step): 4 deep
+// 2.0049 / 3.4106 / 6.024, HY_RUN_STAGES 8 2.0181 / 3.7495 / 6.0002, HY_MV_STAGES 8 2.3913 /
+// 3.4211 / 6.9592.
 // What a call costs beyond its copies (H200, `bench_kernels --models 9B --no-cublas`, us, gate/up /
 // down / o, the LM head's ratio to the read bandwidth where given):
 // - session 24 calls 10-11, one row: as it is 18.96 / 10.18 / 5.59; the rings' copies alone, each
@@ -473,7 +477,5 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         __syncthreads();
         bi = bn;
     }
-#ifdef HY_TIMELINE
-    if (tid == 0) hy_tl_put(true, hy_tl_now(), 0);
-#endif
+    hy_tl_end();
 }
