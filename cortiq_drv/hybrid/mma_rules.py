@@ -58,22 +58,13 @@ def evens_tiles(items2: int, items1: int, sms: int, cap1: int) -> bool:
 STAGE_MIN_GROUPS = 384
 
 
-# Groups each block must walk for a one-row call that hy_mmp_1 would take (`fewer_waves`) to
-# stage its columns on fewer resident blocks than hy_mmv's grid (`stages_b`). H200 (session 19
-# call 6, `bench_kernels --models 9B,27B --rows 1 --variants all`), us, hy_mmvs_2_8 against
-# hy_mmp_1_2_8: 27B attention in (448 items of 160 groups, two rounds each) 16.47 against 17.63,
-# 27B GDN in 16.41 against 18.10; the 9B o (one round of 128 groups) loses staged, 5.79 against
-# 5.57. In the graph (session 20 call 1, `bench_decode --shapes 27b --source mem --skip-matvec
-# --tokens 16`, device ms, two runs each): 27b step 6.0868 / 6.0755 against 6.1836 / 6.1829.
-STAGE_FEW_GROUPS = 256
-
-
-# The one-row choices for the 9B's sets of 4096 rows at KS 16 hold in the decode step's graph too
-# (H200, session 24 call 8, the 9b step with the variant forced, `bench_decode --shapes 9b --source
-# mem --skip-matvec --tokens 16 --windows '' --prompt 64`, device ms, as chosen 2.0133 / 2.013):
-# the o and GDN out sets on hy_mmv_2_16 2.0795, hy_mmv_1_16 2.0217, hy_mmvs_2_16 2.0028,
-# hy_mmp_1_1_16 2.0582 (chosen: hy_mmp_1_2_16, `fewer_waves`); the down sets on hy_mmv_2_16
-# 2.2968, hy_mmp_1_2_16 2.0707, hy_mmvs_1_16 2.1139 (chosen: hy_mmvs_2_16, `stages_b`).
+# The one-row choices for the 9B's sets of 4096 rows at KS 16 in the decode step's graph (H200,
+# session 24 call 8, the 9b step with the variant forced, `bench_decode --shapes 9b --source mem
+# --skip-matvec --tokens 16 --windows '' --prompt 64`, device ms, hy_mmp_1_2_16 on the o and GDN
+# out sets as `fewer_waves` took them then 2.0133 / 2.013): the o and GDN out sets on hy_mmv_2_16
+# 2.0795, hy_mmv_1_16 2.0217, hy_mmp_1_1_16 2.0582, hy_mmvs_2_16 2.0028 (chosen since, `stages_b`);
+# the down sets on hy_mmv_2_16 2.2968, hy_mmp_1_2_16 2.0707, hy_mmvs_1_16 2.1139 (chosen:
+# hy_mmvs_2_16, `stages_b`).
 
 
 def rounds(items: int, cap: int) -> int:
@@ -83,24 +74,33 @@ def rounds(items: int, cap: int) -> int:
 
 def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, mmp_cap: int, n: int) -> bool:
     """Whether a call of `n` rows over `items` work items of `gpr` groups each takes hy_mmvs: one
-    row, its bigger shared memory keeps every block the set could use resident (`ring_cap`,
-    `staged_cap`: blocks resident without and with it), and each block walks STAGE_MIN_GROUPS
-    groups or more, over which the copy pays (the 27B shape's down and head lose blocks: they
-    stay on hy_mmv); or, with fewer blocks resident than hy_mmv's, in place of hy_mmp_1 (`mmp_cap`
-    blocks resident) where `fewer_waves` would take it, when its grid walks the items in no more
-    rounds than hy_mmp_1's and each block STAGE_FEW_GROUPS groups or more. Two rows never stage
-    since each lane's B fragments of a group are one 16-byte load (the planes' fragment order):
-    H200, `bench_kernels --models 9B,27B --rows 2,4,8,16 --variants all` (session 14), us at two
-    rows, staged against hy_mmv, where the rule before it staged: 9B LM head 202.4 against 189.7,
-    27B head 250.1 against 229.2, 27B gate/up 38.3 against 36.8."""
+    row, and either
+    - in place of hy_mmp_1 where `fewer_waves` would take it (`ring_cap`, `staged_cap`, `mmp_cap`:
+      blocks resident on hy_mmv's, hy_mmvs' and hy_mmp_1's grids), when its grid walks the items in
+      no more rounds than hy_mmp_1's. In the decode step's graph, where a launch's first stages
+      come in while the kernel before it runs, it wins there even on one round of 128 groups a
+      block, which it loses when timed alone (the 9B o and GDN out sets, 128 items at KS 16: H200,
+      session 26 call 6, `bench_decode --shapes 9b,27b --source mem --skip-matvec --tokens 32
+      --windows '' --prompt 64`, device ms, three runs each, 9b step 2.001 / 1.9996 / 1.9953
+      against 2.0084 / 2.0083 / 2.0101, 27b 6.0303 against 6.0309; alone, session 19 call 6,
+      `bench_kernels --models 9B,27B --rows 1 --variants all`, us, 5.79 against 5.57; the 27B
+      attention in, 448 items of 160 groups, two rounds each, 16.47 against 17.63 alone, 27B GDN in
+      16.41 against 18.10; in the graph, session 20 call 1, `bench_decode --shapes 27b --source mem
+      --skip-matvec --tokens 16`, device ms, two runs each, 6.0868 / 6.0755 against 6.1836 /
+      6.1829); or
+    - in place of hy_mmv, when its bigger shared memory keeps every block the set could use
+      resident and each block walks STAGE_MIN_GROUPS groups or more, over which the copy pays
+      (the 27B shape's down and head would lose blocks: they stay on hy_mmv).
+    Two rows never stage since each lane's B fragments of a group are one 16-byte load (the planes'
+    fragment order): H200, `bench_kernels --models 9B,27B --rows 2,4,8,16 --variants all` (session
+    14), us at two rows, staged against hy_mmv, where the rule before it staged: 9B LM head 202.4
+    against 189.7, 27B head 250.1 against 229.2, 27B gate/up 38.3 against 36.8."""
     if n != 1:
         return False
     staged = rounds(items, staged_cap)
-    if staged_cap >= min(items, ring_cap):
-        return staged * gpr >= STAGE_MIN_GROUPS
-    # fewer blocks than hy_mmv's: in place of hy_mmp_1 alone, in no more rounds than its grid
-    return (fewer_waves(items, ring_cap, mmp_cap) and staged <= rounds(items, mmp_cap)
-            and staged * gpr >= STAGE_FEW_GROUPS)
+    if fewer_waves(items, ring_cap, mmp_cap):
+        return staged <= rounds(items, mmp_cap)
+    return staged_cap >= min(items, ring_cap) and staged * gpr >= STAGE_MIN_GROUPS
 
 
 def fewer_waves(items: int, cap_mmv: int, cap_mmp: int) -> bool:

@@ -214,13 +214,13 @@ def test_mmp_launches_take_their_variants_ring():
     variants = [(nt, tb, ks) for nt in (0, 1, 2) for tb in (1, 2) for ks in (8, 16)]
     fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
     for nt, tb, ks in variants:
-        ms.launch(ctx, fx, p, 1, nt, tb, ks)
+        ms.launch(ctx, fx, p, 1, nt, tb, ks, staged=False)
     assert ctx.launches == [(f"hy_mmv_{tb}_{ks}" if nt == 0 else f"hy_mmp_{nt}_{tb}_{ks}", 32 * ks,
                              ks * (mv if nt == 0 else run) * stage) for nt, tb, ks in variants]
     ctx.launches.clear()
     swept = mma.MmaFuncs(ctx, _fakecard.FakeModule(), 6, 8)
     for nt, tb, ks in variants:
-        ms.launch(ctx, swept, p, 1, nt, tb, ks)
+        ms.launch(ctx, swept, p, 1, nt, tb, ks, staged=False)
     ms.launch(ctx, swept, p, 3, 1, 2, 8, lean=True)
     assert [s for _, _, s in ctx.launches] == [ks * (6 if nt == 0 else 8) * stage for nt, tb, ks in variants] + [
         8 * 8 * stage]
@@ -259,7 +259,9 @@ def test_few_row_calls_take_hy_mmp_1_where_it_walks_no_more_rounds():
     for rows, ks in ((4096, 16), (14336, 8), (24576, 8)):
         ms = mma.MmaSet(ctx, [mma.JobSpec(Wide(rows, 0x1000), 0xA000, 0, rows, rows)], mma.KIND_Q4TP)
         nt = int(mma_rules.fewer_waves(ms.blocks[2], *rounds[ks]))
-        assert [ms.choice(fx, n) for n in (1, 2, 9, 11)] == [(nt, 2, ks, False, False)] * 2 + [
+        # one row: where hy_mmp_1 would walk no more rounds, hy_mmvs does (stages_b), staged
+        one = (0, 2, ks, True, False) if nt else (0, 2, ks, False, False)
+        assert [ms.choice(fx, n) for n in (1, 2, 9, 11)] == [one, (nt, 2, ks, False, False)] + [
             (2, 2, ks, False, False), (2, 4 if ks == 8 else 2, ks, False, False)]
 
 
@@ -373,7 +375,8 @@ def test_one_row_calls_stage_their_columns_where_it_pays():
     assert not mma_rules.stages_b(160, 544, 264, 132, 132, 1)
     # 27B LM head: a block an SM fewer, and hy_mmv's (thirty rounds staged against twenty)
     assert not mma_rules.stages_b(7760, 160, 396, 264, 264, 1)
-    # fewer blocks than hy_mmv's, in place of hy_mmp_1 (fewer_waves) in no more rounds than it
+    # in place of hy_mmp_1 (fewer_waves) in no more rounds than it, however few its groups
+    assert mma_rules.stages_b(128, 128, 264, 132, 132, 1)  # 9B o and GDN out: one round each
     assert mma_rules.stages_b(448, 160, 396, 264, 264, 1)  # 27B attention in: two rounds each
     assert mma_rules.stages_b(516, 160, 396, 264, 264, 1)  # 27B GDN in
     assert not mma_rules.stages_b(320, 544, 396, 132, 264, 1)  # 27B down at TB 1: hy_mmv's one round
@@ -401,10 +404,17 @@ def test_one_row_calls_stage_their_columns_where_it_pays():
     ms.run(ctx, fx, p, 12288, 2)
     ms.launch(ctx, fx, p, 1, 0, 2, 16, staged=False)
     one = mma.staged_b_bytes(12288, 1)
+    # the 9B o: 128 items of 128 groups, staged at one row (in place of hy_mmp_1, in one round too)
+    class Square(_Mat):
+        cols = 4096
+
+    o = mma.MmaSet(ctx, [mma.JobSpec(Square(4096, 0x1000), 0xA000, 0, 4096, 4096)], mma.KIND_Q4TP)
+    o.run(ctx, fx, mma.Planes(0x10000, 0x20000, 0x30000, 4096), 4096, 1)
     # two rows: no staging; hy_mmp_1 (one block an SM) walks the 128 items in one round as hy_mmv does
     assert ctx.launches == [("hy_mmvs_2_16", 128, ring + one),
                             ("hy_mmp_1_2_16", 128, mma.ring_bytes(16, mma.RUN_STAGES)),
-                            ("hy_mmv_2_16", 128, ring)]
+                            ("hy_mmv_2_16", 128, ring),
+                            ("hy_mmvs_2_16", 128, ring + mma.staged_b_bytes(4096, 1))]
     # two rows' six columns 12288 wide do not fit beside hy_mmvs_2_16's rings and its static tables
     # (ptxas: 23 680 bytes) in the card's 232 448: a forced staging is refused, nothing launched
     ctx.launches.clear()
