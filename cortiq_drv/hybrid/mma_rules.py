@@ -65,6 +65,13 @@ STAGE_MIN_GROUPS = 384
 # 2.0795, hy_mmv_1_16 2.0217, hy_mmp_1_1_16 2.0582, hy_mmvs_2_16 2.0028 (chosen since, `stages_b`);
 # the down sets on hy_mmv_2_16 2.2968, hy_mmp_1_2_16 2.0707, hy_mmvs_1_16 2.1139 (chosen:
 # hy_mmvs_2_16, `stages_b`).
+# The 8-row choices hold in the verify window's graph (H200, session 26 call 8, the 9b 8-row
+# window with one set class's variant forced, `bench_decode --shapes 9b --source mem --skip-matvec
+# --tokens 16 --windows 8 --prompt 64`, device ms, as chosen 3.4269 / 3.3983): gate/up on
+# hy_mmp_1_1_8 3.763, hy_mmr_3_2_8 3.6115, hy_mmr_3_1_8 3.9792 (chosen: hy_mmp_1_2_8); down on
+# hy_mmp_1_1_16 3.5817, o and GDN out on hy_mmp_1_1_16 3.5214 (chosen: hy_mmp_1_2_16); attention in
+# and GDN in on hy_mmp_1_2_8 3.4183, hy_mmr_3_1_8 3.5739 (chosen: hy_mmr_3_2_8, `one_wave`); the
+# LM head on hy_mmr_3_2_8 3.4962, hy_mmp_1_1_8 3.4861 (chosen: hy_mmp_1_2_8).
 
 
 def rounds(items: int, cap: int) -> int:
