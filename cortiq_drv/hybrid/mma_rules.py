@@ -65,6 +65,11 @@ STAGE_MIN_GROUPS = 384
 # 2.0795, hy_mmv_1_16 2.0217, hy_mmp_1_1_16 2.0582, hy_mmvs_2_16 2.0028 (chosen since, `stages_b`);
 # the down sets on hy_mmv_2_16 2.2968, hy_mmp_1_2_16 2.0707, hy_mmvs_1_16 2.1139 (chosen:
 # hy_mmvs_2_16, `stages_b`).
+# The 27B o and GDN out sets (160 items at KS 8: TB 1 by `evens_tiles`, on hy_mmv_1_8) lose
+# staged in the graph, where `fewer_waves` does not hold for them (H200, session 26 call 10,
+# `bench_decode --shapes 27b --source mem --skip-matvec --tokens 32 --windows '' --prompt 64`,
+# device ms, two runs each, as chosen 6.0796 / 6.0812): hy_mmvs_2_8 6.1551 / 6.1533, hy_mmvs_1_8
+# 6.2868 / 6.2914.
 # The 8-row choices hold in the verify window's graph (H200, session 26 call 8, the 9b 8-row
 # window with one set class's variant forced, `bench_decode --shapes 9b --source mem --skip-matvec
 # --tokens 16 --windows 8 --prompt 64`, device ms, as chosen 3.4269 / 3.3983): gate/up on
