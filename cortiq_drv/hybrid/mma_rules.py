@@ -54,7 +54,11 @@ def evens_tiles(items2: int, items1: int, sms: int, cap1: int) -> bool:
 # shape: staging the down projection (one item of 384 groups a block) and the LM head (about 20
 # items of 128) made a decode step 2.495 against 2.594 ms (device); sets of 128-256 groups a
 # block lost when timed alone (GDN qkv + z 14.1 against 11.6 us, attention q + k + v 15.4
-# against 12.6) and changed the step by nothing measurable.
+# against 12.6) and changed the step by nothing measurable then; they lose in the step's graph
+# since (H200, session 26 call 11, `bench_decode --shapes 9b --source mem --skip-matvec --tokens
+# 32 --windows '' --prompt 64`, device ms, two runs each, as chosen 2.0056 / 2.0034): the 9B
+# gate/up sets on hy_mmvs_2_8 (two items of 128 groups a block) 2.06 / 2.0587, the GDN in and
+# attention in sets on it 2.0936 / 2.0897.
 STAGE_MIN_GROUPS = 384
 
 
