@@ -53,16 +53,21 @@ def test_timeline_classes_times_each_launch_between_wait_returns(tool):
     import pytest
 
     end = 1 << 63
-    # (grid, entered pdl_begin, its wait returned, SM << 32 | block) a block; matvec blocks'
-    # ends (grid | 1 << 63, time, 0, block); ns. Grid 5's blocks: the earliest of each time counts.
+    # (grid, entered pdl_begin, its wait returned, SM << 32 | block) a block; the ends of blocks
+    # that record them (hy_tl_end: the matvecs, the norm) (grid | 1 << 63, time, 0, block); ns.
+    # Grid 5's blocks: the earliest of each time counts, the latest end.
     rec = np.array([[5, 100, 1000, 0], [5, 120, 1100, 1], [5 | end, 5000, 0, 0], [5 | end, 5200, 0, 1],
-                    [9, 3000, 5600, 0], [11, 5800, 6000, 0], [11 | end, 7000, 0, 0]], dtype=np.uint64)
-    got = tool.timeline_classes(rec, ["hy_mmv_2_8", "hy_rmsnorm2", "hy_mmv_2_8"])
+                    [9, 3000, 5600, 0], [9 | end, 5700, 0, 0], [11, 5800, 6000, 0], [11 | end, 7000, 0, 0],
+                    [13, 6500, 7400, 0]], dtype=np.uint64)
+    got = tool.timeline_classes(rec, ["hy_mmv_2_8", "hy_rmsnorm2", "hy_mmv_2_8", "hy_gdn_front"])
     # [launches, seg, lead, body, drain] us: the first matvec 4.6 to the norm's wait return, its
     # last block done 4.2 after its own, 0.4 before the norm's; the norm entered pdl_begin 2.0
-    # after the matvec's wait returned; the last launch's seg runs to its last record
-    assert got == {"hy_mmv_2_8": [2, 5.6, 0.2, 5.2, 0.4], "hy_rmsnorm2": [1, 0.4, 2.0, 0.0, 0.0]}
-    with pytest.raises(SystemExit, match="3 grids recorded, 2 recording launches"):
+    # after the matvec's wait returned, its block done 0.1 after its own, 0.3 before the next
+    # matvec's (seg 1.4, body 1.0, drain 0.4); the last launch (no end records: no body) has no
+    # seg past its own wait return
+    assert got == {"hy_mmv_2_8": [2, 6.0, 0.2, 5.2, 0.8], "hy_rmsnorm2": [1, 0.4, 2.0, 0.1, 0.3],
+                   "hy_gdn_front": [1, 0.0, 0.5, 0.0, 0.0]}
+    with pytest.raises(SystemExit, match="4 grids recorded, 2 recording launches"):
         tool.timeline_classes(rec, ["hy_mmv_2_8", "hy_rmsnorm2"])
 
 
