@@ -38,6 +38,13 @@ attention core, the matvecs), `device_ms` replayed as above, and `cost_us` = the
 device time less it: what the class costs in the graph, gaps included, where --breakdown times
 each kernel alone. The step's outputs are wrong then (timing only; states move).
 
+After each shape's lines, one `decode_choices` line: the variant (bench_kernels' "NT_TB_KS", "s"
+staged, "r" hy_mmr) each q4tp set of the shape ran at each row count, by set key
+"ROWS@ITEMSxCOLS" (a call's rows, the set's work items at two tiles a block, its input width),
+and the keys --force put in place of the rules' choice: --force KEY=VARIANT,... runs those sets
+on the variants given (the same KS keeps the same bits), for measuring a choice in the step's
+graph; a key that matched no set of any shape ends the run with an error.
+
 With --timeline, the kernels are built with their timeline records (kernels/common.cuh,
 HY_TIMELINE: every figure of the run then comes from them) and one `decode_timeline` line per
 shape gives, per kernel name, what its launches cost the one-row step's replayed graph:
@@ -46,7 +53,7 @@ shape gives, per kernel name, what its launches cost the one-row step's replayed
 Then each matvec's TB/s at --rows rows (`bench_kernels.bench_matrix`, lines with bench "hy_mmp").
 Usage: python tools/bench_decode.py [--shapes 9b,27b] [--tokens 64] [--prompt 512] [--rows 1,4,8,16]
        [--windows 2,4,8,16] [--source file|mem] [--dir DIR] [--skip-matvec] [--breakdown] [--ablate]
-       [--timeline] [--out FILE.jsonl]
+       [--timeline] [--force KEY=VARIANT,...] [--out FILE.jsonl]
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -131,6 +139,60 @@ class _Counting(_Forwarding):
     def launch_3d(self, *a) -> None:
         self.kept.append(("launch_3d", a))
         self._ctx.launch_3d(*a)
+
+
+def set_key(ms, n: int) -> str:
+    """`decode_choices`' key of a call of n rows over the q4tp set `ms`: "ROWS@ITEMSxCOLS"."""
+    return f"{n}@{ms.blocks[2]}x{ms.cols}"
+
+
+def parse_force(text: str) -> dict:
+    """--force's "KEY=VARIANT,..." as {key: (nt, tb, ks, staged, lean)}; ValueError naming the
+    entry that is not a set key and a variant that runs its rows."""
+    import bench_kernels as bk
+
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, var = item.partition("=")
+        m = re.fullmatch(r"(\d+)@\d+x\d+", key)
+        if m is None or not var:
+            raise ValueError(f"--force {item!r}: not ROWS@ITEMSxCOLS=VARIANT")
+        out[key] = bk.parse_variant(var, int(m.group(1)))
+    return out
+
+
+class Choices:
+    """While a shape runs: the variant each q4tp set ran at each row count (`seen`, by `set_key`,
+    as bench_kernels' `variant_name`), `force`'s variants put in place of `MmaSet.choice`'s, and
+    the forced keys that met a set (`matched`)."""
+
+    def __init__(self, force: dict):
+        self.force, self.seen, self.matched = force, {}, set()
+
+    def __enter__(self) -> Choices:
+        import bench_kernels as bk
+
+        from cortiq_drv.hybrid import mma
+
+        self.real = real = mma.MmaSet.choice
+
+        def choice(ms, fx, n):
+            key = set_key(ms, n)
+            got = self.force.get(key)
+            if got is None:
+                got = real(ms, fx, n)
+            else:
+                self.matched.add(key)
+            self.seen[key] = bk.variant_name(got)
+            return got
+
+        mma.MmaSet.choice = choice
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from cortiq_drv.hybrid import mma
+
+        mma.MmaSet.choice = self.real
 
 
 def step_bytes(g, pos: int) -> dict:
@@ -540,8 +602,13 @@ def main(argv=None) -> int:
     ap.add_argument("--breakdown", action="store_true", help="kernel times and a host profile of a step")
     ap.add_argument("--ablate", action="store_true", help="each kernel class's cost in the step's graph")
     ap.add_argument("--timeline", action="store_true", help="the step's kernels timed in its graph (instrumented)")
+    ap.add_argument("--force", default="", help="KEY=VARIANT,...: q4tp sets run on these variants")
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     a = ap.parse_args(argv)
+    try:
+        force = parse_force(a.force)
+    except ValueError as e:
+        ap.error(str(e))
     a.rows = [int(v) for v in a.rows.split(",")]
     a.windows = [int(v) for v in a.windows.split(",") if v]
     if any(not 2 <= n <= 16 for n in a.windows):
@@ -575,9 +642,13 @@ def main(argv=None) -> int:
     bw = bk.read_bandwidth(ctx, a.reps)
     emit(bk.read_bw_line(ctx, bw))
     tmp = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="bench_decode_"))
+    matched: set = set()
     try:
         for label in a.shapes.split(","):
-            bench_shape(label, a, bw, emit, tmp)
+            with Choices(force) as ch:
+                bench_shape(label, a, bw, emit, tmp)
+            emit(dict(bench="decode_choices", shape=label, sets=ch.seen, forced=sorted(ch.matched)))
+            matched |= ch.matched
             if a.source == "file":
                 os.unlink(tmp / f"{label}.cmf")
             if not a.skip_matvec:
@@ -587,6 +658,10 @@ def main(argv=None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
         if out:
             out.close()
+    if set(force) - matched:
+        print(f"bench_decode: --force keys that matched no set: {', '.join(sorted(set(force) - matched))}",
+              file=sys.stderr)
+        return 2
     return 0
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 
@@ -165,6 +166,32 @@ def read_bw_line(ctx, bw: float) -> dict:
                 pdl=ctx.pdl_on)
 
 
+def variant_name(var) -> str:
+    """A launch choice (nt, tb, ks, staged, lean) as its lines name it: "NT_TB_KS", then "s" for
+    hy_mmvs, "r" for hy_mmr."""
+    nt, tb, ks, staged, lean = var
+    return f"{nt}_{tb}_{ks}" + ("s" if staged else "") + ("r" if lean else "")
+
+
+def parse_variant(text: str, n: int) -> tuple:
+    """`variant_name`'s text as (nt, tb, ks, staged, lean), for a call of `n` rows; ValueError
+    naming what is wrong when no kernel runs that variant at n rows."""
+    m = re.fullmatch(r"(\d+)_(\d+)_(\d+)(s?)(r?)", text)
+    if m is None:
+        raise ValueError(f"variant {text!r}: not NT_TB_KS with an optional s (staged) or r (hy_mmr)")
+    nt, tb, ks = (int(v) for v in m.groups()[:3])
+    staged, lean = bool(m.group(4)), bool(m.group(5))
+    if (nt, tb, ks) not in mma.MMP_VARIANTS:
+        raise ValueError(f"variant {text!r}: no hy_mmp kernel {nt}_{tb}_{ks}")
+    if not 1 <= n <= mma.rows_cap(nt):
+        raise ValueError(f"variant {text!r}: carries 1..{mma.rows_cap(nt)} rows, not {n}")
+    if staged and nt:
+        raise ValueError(f"variant {text!r}: only hy_mmv (NT 0) stages its columns")
+    if lean and not mma.mmr_fits(nt, tb, ks, n):
+        raise ValueError(f"variant {text!r}: hy_mmr runs 3..8 rows at NT 1, TB 1 or 2, KS 8, not {n} rows")
+    return nt, tb, ks, staged, lean
+
+
 def mma_rate_line(tflops: float) -> dict:
     """The run's mma.sync rate (the tensor-core floor's divisor)."""
     return dict(bench="mma_rate", tflops=round(tflops, 1), instr="mma.sync.m16n8k16.bf16.f32")
@@ -266,7 +293,7 @@ def bench_matrix(ctx, fx, model, name, parts, cols, pair, a, bw, mma_tflops, emi
                 tbps = rot.bytes / us / 1e6
                 mem_floor, mma_floor = rot.bytes / bw / 1e6, mma_flops(parts, cols, n) / mma_tflops / 1e6
                 line = dict(bench="hy_mmp", model=model, matrix=name, rows=rows, cols=cols, n=n,
-                            variant="%d_%d_%d" % var[:3] + ("s" if var[3] else "") + ("r" if var[4] else ""),
+                            variant=variant_name(var),
                             rule=var == rule, us=round(us, 2),
                             bytes=rot.bytes, tbps=round(tbps, 3), read_tbps=round(bw, 3),
                             ratio=round(tbps / bw, 3), vs_first_n=round(us / t1, 3) if t1 else None,

@@ -1,6 +1,7 @@
 """tools/bench_decode.py's --ablate: which kernels each class names, and the context that leaves a
 class's launches out of a step while handing every other call to the real one; --timeline: the
-records' arithmetic and the define reaching hyb.cu's compile (no device)."""
+records' arithmetic and the define reaching hyb.cu's compile; --force and decode_choices: the
+keys, and the choices recorded and replaced while a shape runs (no device)."""
 
 from types import SimpleNamespace
 
@@ -89,3 +90,39 @@ def test_card_compiles_hyb_with_its_defines(monkeypatch):
     card.defines["HY_TIMELINE"] = 8
     card.funcs(4, 256)
     assert seen[1] == {"HPK": 4, "HD": 256, "HY_TIMELINE": 8}
+
+
+def test_force_parses_set_keys_and_variants(tool):
+    import pytest
+
+    assert tool.parse_force("") == {}
+    assert tool.parse_force("1@128x4096=0_2_16s,8@768x4096=1_2_8r") == {
+        "1@128x4096": (0, 2, 16, True, False), "8@768x4096": (1, 2, 8, False, True)}
+    for text, why in (("128x4096=0_2_16", "not ROWS@ITEMSxCOLS=VARIANT"), ("1@128x4096", "not ROWS@"),
+                      ("1@128x4096=", "not ROWS@"), ("3@128x4096=0_2_16", "carries 1..2 rows, not 3")):
+        with pytest.raises(ValueError, match=why):
+            tool.parse_force(text)
+
+
+def test_choices_records_each_set_and_puts_forced_variants_in_place(tool):
+    import _fakecard
+
+    class Mat:
+        kind, cols = mma.KIND_Q4TP, 4096
+
+        def __init__(self, rows, base):
+            self.rows, self.w, self.aux0, self.aux1 = rows, base, base + 0x100, base + 0x200
+
+    ctx = _fakecard.FakeCtx()
+    fx = mma.MmaFuncs(ctx, _fakecard.FakeModule())
+    o = mma.MmaSet(ctx, [mma.JobSpec(Mat(4096, 0x1000), 0xA000, 0, 4096, 4096)], mma.KIND_Q4TP)
+    gate_up = mma.MmaSet(ctx, [mma.JobSpec(Mat(24576, 0x2000), 0xB000, 0, 24576, 24576)], mma.KIND_Q4TP)
+    real = mma.MmaSet.choice
+    force = tool.parse_force("1@128x4096=1_2_16,8@999x4096=1_1_8")
+    with tool.Choices(force) as ch:
+        assert o.choice(fx, 1) == (1, 2, 16, False, False)
+        assert gate_up.choice(fx, 1) == real(gate_up, fx, 1)
+        assert o.choice(fx, 8) == real(o, fx, 8)
+    assert mma.MmaSet.choice is real
+    assert ch.seen == {"1@128x4096": "1_2_16", "1@768x4096": "0_2_8", "8@128x4096": "1_2_16"}
+    assert ch.matched == {"1@128x4096"}

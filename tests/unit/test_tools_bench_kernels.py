@@ -25,3 +25,17 @@ def test_mma_rate_kernel_compiles(nvrtc_ok, tool):
     # the chains' products all kept (the loop over iterations may be unrolled)
     mmas = text.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
     assert mmas and mmas % tool.MMA_CHAINS == 0
+
+
+def test_variant_names_read_back_and_refuse_what_no_kernel_runs(tool):
+    import pytest
+
+    for var, n in (((0, 2, 16, True, False), 1), ((1, 2, 8, False, True), 8), ((2, 4, 8, False, False), 16),
+                   ((0, 1, 8, False, False), 2)):
+        assert tool.parse_variant(tool.variant_name(var), n) == var
+    assert tool.variant_name((1, 1, 16, False, False)) == "1_1_16"
+    for text, n, why in (("1_2", 1, "not NT_TB_KS"), ("1_4_8", 4, "no hy_mmp kernel 1_4_8"),
+                         ("0_2_8", 3, "carries 1..2 rows, not 3"), ("1_2_8s", 1, "only hy_mmv"),
+                         ("1_2_16r", 4, "hy_mmr runs"), ("1_2_8r", 2, "hy_mmr runs"), ("2_2_8x", 9, "not NT_TB_KS")):
+        with pytest.raises(ValueError, match=why):
+            tool.parse_variant(text, n)
