@@ -134,6 +134,19 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
 // o, 0.949 on the head). Past one row the B loads grow (three n-tiles' fragments a group at 8
 // rows, 1.5 KiB a warp against 512 weight bytes; six at 16, fetched a group at a time): a quarter
 // of an 8-row call, a third to a half of a 16-row one, of which L1 hits would save about half.
+// Nor does a producer warp beside the consumers win: hy_mmw_{TB}_{KS} (session 27; not kept),
+// KS consumer warps with this split, sums and order (the same bits as hy_mmv at one and two rows
+// on every set it ran) and one warp streaming each stage's runs (each consumer's groups of each
+// tile, ng 256 weight bytes and ng 16 code bytes) by bulk copies (L2 evict_first) into a ring of
+// R slots of KS TB GW 272 bytes on full / empty mbarriers, the call's B staged as hy_mmvs does,
+// consumers synced by a named barrier, loses on every set at one to three blocks an SM (R 11 to
+// 2), slowest at one (H200, session 27 call 2, graph of back-to-back launches over weights larger
+// than L2, us, hy_mmw at its best count against the rule's variant): 27B gate/up 37.2 (3 an SM,
+// TB 1) against 32.86 (hy_mmv_2_8), at one an SM 53.13; 27B down 25.96 against 20.51; o 9.8
+// against 8.42; GDN in 19.53 against 16.29 (hy_mmvs_2_8); attention in 17.73 against 15.97; head
+// 244.66 against 206.76 (at one an SM 350.45); 9B GDN in 12.25 against 10.24. Eight consumer
+// warps an SM fed from a ring 11 stages deep reach 0.34-0.43 of the read bandwidth: the
+// consumers' own pace, not the memory's, bounds the one-row call.
 #ifndef HY_RUN_STAGES
 #define HY_RUN_STAGES 4
 #endif
