@@ -84,17 +84,25 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 
 // 16 bytes global -> shared without registers (cp.async.cg, L1 bypassed), to a shared-window
 // address or to a generic pointer into shared memory; cp_async16_if copies only when p (a
-// predicate inside the asm, no branch). Then the fences of the cp.async groups (sm_80 and up).
+// predicate inside the asm, no branch), under the L2 cache policy `pol` (l2_evict_first). Then the
+// fences of the cp.async groups (sm_80 and up).
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     cp_async16((u32)__cvta_generic_to_shared(dst), src);
 }
-__device__ __forceinline__ void cp_async16_if(bool p, u32 dst, const void* src) {
-    asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q cp.async.cg.shared.global [%0], [%1], 16; }" ::"r"(dst),
-                 "l"(src), "r"((int)p)
+__device__ __forceinline__ void cp_async16_if(bool p, u32 dst, const void* src, u64 pol) {
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %3; }"
+                 ::"r"(dst), "l"(src), "r"((int)p), "l"(pol)
                  : "memory");
+}
+// The L2 cache policy whose lines go first when L2 needs room (createpolicy, sm_80 and up): for
+// data read once per step, so that what the step reads again stays.
+__device__ __forceinline__ u64 l2_evict_first() {
+    u64 pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Wait until at most N of this thread's committed groups are still in flight.

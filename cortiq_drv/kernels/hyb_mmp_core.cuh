@@ -262,7 +262,14 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         lsrc = (const float*)jobs[ji].aux1 + (size_t)tile0 * 32;
     };
     // stage i's copies into ring slot k (i % S); every lane commits a group, copies or not, so
-    // the counts stay uniform
+    // the counts stay uniform. The weights and codes go as L2's first to leave (each byte is read
+    // once a call), so the planes, residuals, states and K/V rows the step reads again stay there:
+    // H200, session 27 call 7, `bench_decode --shapes 9b,27b --source mem --skip-matvec --tokens 32
+    // --windows 8 --prompt 64`, device ms, two runs each, 9b step / 8-row window / 27b step / 8-row
+    // window: evict-first 2.0019 / 3.3572 / 5.909 / 10.253 and 1.9995 / 3.3707 / 5.8956 / 10.248
+    // against the default policy's 2.0055 / 3.4272 / 5.9927 / 10.3783 and 2.0028 / 3.421 / 6.0397
+    // / 10.3865 (registers and spills of every weight-side kernel unchanged, ptxas -v).
+    const u64 wpol = l2_evict_first();
     auto issue = [&](int i, int k) {
         const u32 slot = ring + k * STAGE;
         const int uw = lane >> 4;
@@ -281,9 +288,9 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             okc = lane < 4 && 4 * i + lane < ng;
         }
         const unsigned char* src = wl + (size_t)i * (GS * 256);
-        cp_async16_if(ok0, slot + lane * 16, src);
-        cp_async16_if(ok1, slot + 512 + lane * 16, src + (TB == 4 ? (size_t)2 * gpr * 256 : TB == 2 ? 256 : 512));
-        cp_async16_if(okc, slot + 1024 + (lane & 3) * 16, cl + (size_t)i * (GS * 16));
+        cp_async16_if(ok0, slot + lane * 16, src, wpol);
+        cp_async16_if(ok1, slot + 512 + lane * 16, src + (TB == 4 ? (size_t)2 * gpr * 256 : TB == 2 ? 256 : 512), wpol);
+        cp_async16_if(okc, slot + 1024 + (lane & 3) * 16, cl + (size_t)i * (GS * 16), wpol);
         cp_async_commit();
     };
     // the residual an epilogue thread adds first (hy_epilogue's k = tid, 16 rows a tile), to L1
