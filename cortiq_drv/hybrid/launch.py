@@ -42,7 +42,18 @@ PDL_KERNELS = ("hy_gdn_front", "hy_gdn_scan", "hy_gdn_scan4", "hy_gdn_out32", "h
 # 10.69 / 10.6033 / 10.6192, n 16 22.689 / 22.4723 / 22.4705; one-row steps unchanged. The pair
 # at one row too (0) loses the step (session 23 call 10, the same command with --windows 2, device
 # ms, two runs each, 3 against 0: 9b 2.0465 / 2.041 against 2.0627 / 2.0629, 27b 6.0454 / 6.0205
-# against 6.1003 / 6.0814; 277 against 301 nodes on 9b).
+# against 6.1003 / 6.0814; 277 against 301 nodes on 9b). Taking the GDN front into the same
+# launch loses too (session 28, hy_gdn_front_scan4_out32, not kept: each block a value head first
+# runs the front's units of its head, q and k of its key head again in each of the key head's
+# blocks, the last of them to be done reading the conv ring moving its q and k channels by an
+# arrival count; the gates' dots ahead of pdl_begin in a second try; the same bytes as the three
+# launches, GPU tests of the GDN kernels 50 passed; H200 calls 1-2, bench_decode --shapes 9b,27b
+# --source mem --skip-matvec --tokens 32 --windows 2,3,8 --prompt 64, device ms, two runs each,
+# second try against this: 9b step 2.0189 / 2.0173 against 1.9895 / 1.9909, 2-row window 2.2409 /
+# 2.2426 against 2.1733 / 2.1716, 3-row 2.8359 / 2.8345 against 2.7123 / 2.7127; 27b step 5.9792
+# / 5.9744 against 5.9227 / 5.9108; first try 9b 2.0281 / 2.033, 27b 6.0318 / 6.0352; 253 against
+# 277 nodes on 9b): one block an SM doing a head's front serially costs more than the front's
+# launch, whose 160 blocks (9B) run its units side by side.
 FUSED_SCAN_ROWS = 3
 
 
