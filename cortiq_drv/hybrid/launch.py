@@ -53,7 +53,14 @@ PDL_KERNELS = ("hy_gdn_front", "hy_gdn_scan", "hy_gdn_scan4", "hy_gdn_out32", "h
 # 2.2426 against 2.1733 / 2.1716, 3-row 2.8359 / 2.8345 against 2.7123 / 2.7127; 27b step 5.9792
 # / 5.9744 against 5.9227 / 5.9108; first try 9b 2.0281 / 2.033, 27b 6.0318 / 6.0352; 253 against
 # 277 nodes on 9b): one block an SM doing a head's front serially costs more than the front's
-# launch, whose 160 blocks (9B) run its units side by side.
+# launch, whose 160 blocks (9B) run its units side by side. Nor does spreading the one launch's
+# head over a cluster of four blocks of 128 threads win (session 28, not kept: each block
+# hy_gdn_scan4's 32 columns, the head's norm sums of each row exchanged through distributed shared
+# memory, the same bytes as the two launches, GPU suite 284 passed; H200 call 5, the command above
+# with --windows 2,3,4,8, device ms, one run each, clusters at n <= 3 / clusters at every n / this):
+# 9b step 2.02 / 2.0199 / 2.0013, windows n 2 2.1756 / 2.1686 / 2.1878, n 3 2.6916 / 2.6877 /
+# 2.7141, n 4 2.7404 / 2.7159 / 2.7453, n 8 3.3705 / 3.3812 / 3.3711; 27b step 5.9791 / 5.9676 /
+# 5.9274, n 3 8.1571 / 8.1575 / 7.9648, n 8 10.2551 / 10.2838 / 10.2385.
 FUSED_SCAN_ROWS = 3
 
 

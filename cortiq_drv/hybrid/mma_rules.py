@@ -46,7 +46,14 @@ def evens_tiles(items2: int, items1: int, sms: int, cap1: int) -> bool:
     than its grid, TB 2 wins: 9B attention in (320 items) 11.96 / 12.04 against 10.36 / 10.45,
     27B attention in (448) 18.29 / 19.37 against 17.36 / 17.49, 9B gate/up (768) 24.03 / 25.16
     against 20.94 / 20.81; with no more items than SMs it is even: 9B o at KS 8 (128 items) 6.02
-    against 6.19."""
+    against 6.19. Four tiles a block (hy_mmp_run's TB 4 under hy_mmv / hy_mmvs at KS 8, the same
+    bits; session 28, not kept), where its items fit one round or fewer, loses on every set
+    measured at three blocks an SM (80 registers: 72 bytes of spills) and at two (H200, call 5,
+    graph of back-to-back launches over weights larger than L2, us, the best of TB 4 against the
+    rule's variant at one / two rows): 9B gate/up (384 items) 23.47 / 19.96 against 17.8 /
+    18.04, 9B head 174.61 / 178.83 against 165.24 / 183.52 (at two rows it gains 2.6%), 9B GDN
+    in 12.23 / 12.17 against 10.38 / 10.57, 27B gate/up (544) 33.72 / 36.27 against 31.62 /
+    31.83."""
     return sms < items2 and items1 <= cap1
 
 
