@@ -72,7 +72,10 @@ __device__ __forceinline__ void gdn_dot_run(const float* x, const float* w, int&
 //   (rs by row 0's; 0 when kk == 1), for spec_restore's hy_gdn_restore_ring.
 // Grid (cdim/dk + 2*nv, n), block max(dk, 64) threads (a multiple of 32). Assumes cdim % dk == 0
 // (dv == dk) and dk <= 512. Reads the ring, does not move it (the scan does, after).
-// PDL: the block's taps and ring lines, or its gate row, go to L2 (pf_l2) before pdl_begin.
+// PDL: a gate block computes its dot before pdl_begin: xn is the norm's, two launches back (the
+// qkv matvec between them), complete once that launch lets this one start, since its blocks pass
+// pdl_begin, which waits for the norm, before they do; a unit block fetches its taps and ring
+// lines into L2 (pf_l2) before pdl_begin.
 extern "C" __global__ void __launch_bounds__(512, 1)
     hy_gdn_front(const float* qkv, int qs, const float* ring, const float* taps, float* cq, int n, int cdim, int kk,
                  int nk, int dk, const float* xn, int hidden, const float* aw, const float* bw, const float* a_log,
@@ -80,66 +83,61 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     __shared__ float red[32];
     const int r = blockIdx.y, u = blockIdx.x, t = threadIdx.x;
     const int units = cdim / dk;
-    if (u < units) {
-        // a line (32 floats) a thread: the unit's dk kk taps, then its dk channels of ring rows
-        // r .. kk - 2
-        const int tl = dk * kk / 32, rl = dk / 32;
-        for (int k = t; k < tl + (kk - 1 - r) * rl; k += (int)blockDim.x)
-            pf_l2(k < tl ? taps + (size_t)u * dk * kk + 32 * k
-                         : ring + (size_t)(r + (k - tl) / rl) * cdim + u * dk + 32 * ((k - tl) % rl));
-    } else {
-        const float* w = (u - units >= nv ? bw : aw) + (size_t)((u - units) % nv) * hidden;
-        for (int c = 32 * t; c < hidden; c += 32 * (int)blockDim.x) pf_l2(w + c);
-    }
-    pdl_begin();
-    if (r >= n) return;
-    if (u < units) {
-        const int c = u * dk + t;
-        const bool on = t < dk;
-        float acc = 0.0f;
-        if (on) {
-            // the taps' loads first (unrolled: one memory latency, not kk), then the sum in tap order
-#pragma unroll 4
-            for (int j = 0; j < kk; ++j) {
-                const int m = r - (kk - 1) + j;
-                const float* src = m >= 0 ? qkv + (size_t)m * qs : ring + (size_t)(kk - 1 + m) * cdim;
-                acc += taps[(size_t)c * kk + j] * src[c];
-            }
+    if (u >= units) {
+        const int h = (u - units) % nv;
+        const bool is_b = u - units >= nv;
+        const float* w = (is_b ? bw : aw) + (size_t)h * hidden;
+        const float* x = xn + (size_t)r * hidden;
+        const int bd = blockDim.x;
+        // thread t's products in column order t, t + bd, ...: 32 columns' loads in flight at a
+        // time (the 9B's whole share at 128 threads: one memory latency; __launch_bounds__ leaves
+        // ptxas the registers to issue all 64 before the first product), then 8, then one
+        float p = 0.0f;
+        int c = t;
+        gdn_dot_run<32>(x, w, c, bd, hidden, p);
+        gdn_dot_run<8>(x, w, c, bd, hidden, p);
+        gdn_dot_run<1>(x, w, c, bd, hidden, p);
+        const float dot = block_sum(p, red);
+        pdl_begin();
+        if (t != 0) return;
+        if (is_b) {
+            gb[(size_t)r * 2 * nv + nv + h] = sigmoidf_(dot);
+        } else {
+            gb[(size_t)r * 2 * nv + h] = gdn_decay(dot, a_log[h], dt_bias[h]);
         }
-        if (tq && on) {
-            tq[(size_t)r * qs + c] = qkv[(size_t)r * qs + c];
-            if (rs && r == 0)
-                for (int j = 0; j < kk - 1; ++j) rs[(size_t)j * cdim + c] = ring[(size_t)j * cdim + c];
-        }
-        float y = on ? siluf_(acc) : 0.0f;
-        if (u < 2 * nk) {
-            float ss = block_sum(y * y, red);
-            y = y / sqrtf(ss + 1e-6f);
-            if (u < nk) y = y * (1.0f / sqrtf((float)dk));
-        }
-        if (on) cq[(size_t)r * cdim + c] = y;
         return;
     }
-    const int h = (u - units) % nv;
-    const bool is_b = u - units >= nv;
-    const float* w = (is_b ? bw : aw) + (size_t)h * hidden;
-    const float* x = xn + (size_t)r * hidden;
-    const int bd = blockDim.x;
-    // thread t's products in column order t, t + bd, ...: 32 columns' loads in flight at a time
-    // (the 9B's whole share at 128 threads: one memory latency; __launch_bounds__ leaves ptxas the
-    // registers to issue all 64 before the first product), then 8, then one
-    float p = 0.0f;
-    int c = t;
-    gdn_dot_run<32>(x, w, c, bd, hidden, p);
-    gdn_dot_run<8>(x, w, c, bd, hidden, p);
-    gdn_dot_run<1>(x, w, c, bd, hidden, p);
-    float dot = block_sum(p, red);
-    if (t != 0) return;
-    if (is_b) {
-        gb[(size_t)r * 2 * nv + nv + h] = sigmoidf_(dot);
-    } else {
-        gb[(size_t)r * 2 * nv + h] = gdn_decay(dot, a_log[h], dt_bias[h]);
+    // a line (32 floats) a thread: the unit's dk kk taps, then its dk channels of ring rows
+    // r .. kk - 2
+    const int tl = dk * kk / 32, rl = dk / 32;
+    for (int k = t; k < tl + (kk - 1 - r) * rl; k += (int)blockDim.x)
+        pf_l2(k < tl ? taps + (size_t)u * dk * kk + 32 * k
+                     : ring + (size_t)(r + (k - tl) / rl) * cdim + u * dk + 32 * ((k - tl) % rl));
+    pdl_begin();
+    const int c = u * dk + t;
+    const bool on = t < dk;
+    float acc = 0.0f;
+    if (on) {
+        // the taps' loads first (unrolled: one memory latency, not kk), then the sum in tap order
+#pragma unroll 4
+        for (int j = 0; j < kk; ++j) {
+            const int m = r - (kk - 1) + j;
+            const float* src = m >= 0 ? qkv + (size_t)m * qs : ring + (size_t)(kk - 1 + m) * cdim;
+            acc += taps[(size_t)c * kk + j] * src[c];
+        }
     }
+    if (tq && on) {
+        tq[(size_t)r * qs + c] = qkv[(size_t)r * qs + c];
+        if (rs && r == 0)
+            for (int j = 0; j < kk - 1; ++j) rs[(size_t)j * cdim + c] = ring[(size_t)j * cdim + c];
+    }
+    float y = on ? siluf_(acc) : 0.0f;
+    if (u < 2 * nk) {
+        float ss = block_sum(y * y, red);
+        y = y / sqrtf(ss + 1e-6f);
+        if (u < nk) y = y * (1.0f / sqrtf((float)dk));
+    }
+    if (on) cq[(size_t)r * cdim + c] = y;
 }
 
 // The two scans below run, for each row and each value column j of head h,
