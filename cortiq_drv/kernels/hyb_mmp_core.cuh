@@ -11,7 +11,18 @@
 // gate/up 18.98 / 19.09 -> 20.18 / 20.44 at one row, 32.29 / 32.26 -> 41.17 / 41.19 at 8; down
 // 10.19 / 10.36 -> 10.76 / 10.78; head 160.2 / 160.1 -> 168.1 / 167.1; the sums of (128 + n) B,
 // up to 18 times those of (n - 8) B, cancel in f32: relative RMS up to 2.17e-6 against float64,
-// hy_mmvs_1_16, where the tests allow 2e-6).
+// hy_mmvs_1_16, where the tests allow 2e-6). Nor do the nibbles as bf16 subnormals pay (session 29,
+// not kept): v & 0x000F000F is n 2^-133 and v & 0x00F000F0 is 16 n 2^-133 (rows gid + 8), so a
+// unit's A is a shift and eight ands (10 instructions, not 22), with B times 2^96 (one fma.bf16x2 a
+// register), the offset as the mma's C (the group's column sums times -2^-34, rows gid + 8 -2^-30:
+// two mma of a constant A a group) and the rungs times 2^37 / 2^33. mma.sync does not flush the
+// subnormals: relative RMS 2e-8 to 5e-7 against the tree at 1, 2, 8, 16 rows on six sets. But it
+// loses, and so does its floor, C from shared memory and B unscaled (H200, session 29 call 1, back-
+// to-back launches over weights larger than L2, us at one / 8 rows, tree / that floor / all of it):
+// 9B gate/up 17.92 / 32.09, 18.37 / 34.83, 18.56 / 40.34; 9B head 158.84 / 320.22, 161.42 / 331.43,
+// 173.61 / 390.41; 9B down 10.22 / 15.48, 9.95 / 15.91, 10.52 / 19.27; 27B gate/up 31.25 / 57.66,
+// 31.27 / 61.31, 31.93 / 76.67 (the group's C and scaled B stay live across its units: hy_mmv_2_8's
+// stack 8 -> 24-40 bytes, hy_mmvs_2_8's 0 -> 48-56).
 __device__ __forceinline__ u32 hy_nib2(u32 v, u32 mask, u32 magic, u32 one, u32 m136) {
     u32 h, r;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(h) : "r"(v), "r"(mask), "r"(magic));
