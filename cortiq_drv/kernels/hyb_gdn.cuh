@@ -148,10 +148,12 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 // lane l) holds S[h][32w .. 32w+31][j0 + l] in registers over every row; the four warps' partial
 // sums meet in shared memory, added in warp order. Group c = threadIdx.x / 128 of the block (at most
 // four) takes column block blk + c, within one head. With osm != 0 (shared, [n][dv]) each output
-// o_j of row r also goes to osm[r][j] (j within the head).
+// o_j of row r also goes to osm[r][j] (j within the head). With pdl, pdl_begin comes between the
+// state's loads and everything else: the scan kernels' callers guarantee that no launch less than
+// two back writes S (only a scan, a restore or an upload before the step does).
 __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, const float* s_in, float* s_out,
                                           float* save, float* o, int n, int cdim, int nv, int nk, int dv,
-                                          int blk, float* osm = 0) {
+                                          int blk, float* osm = 0, bool pdl = false) {
     const int DK = 128;
     __shared__ float kq[2][2][DK];  // [row parity][k | q][i]
     __shared__ float red[4][2][4][32];  // [group][kv | o][warp][lane]
@@ -163,6 +165,7 @@ __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, cons
     float s[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = s_in[base + (size_t)i * dv];
+    if (pdl) pdl_begin();
     if (save) {
 #pragma unroll
         for (int i = 0; i < 32; ++i) save[base + (size_t)i * dv] = s[i];
@@ -268,15 +271,16 @@ __device__ __forceinline__ void gdn_cols1(const float* cq, const float* gb, cons
 // Pointers: cq [n][cdim], gb [n][2*nv], S [nv][128][dv] (in/out), o [n][nv*dv] out, ring
 // [kk-1][cdim] (in/out, 0 when kk == 1), qkv [n][qs], save [nv][128][dv] or 0; all f32.
 // Grid (nv*dv/32 + ring blocks, 1), block 128. Assumes dv % 32 == 0, nv % nk == 0.
+// PDL: a scan block loads its state before pdl_begin (gdn_cols4).
 extern "C" __global__ void hy_gdn_scan4(const float* cq, const float* gb, float* S, float* o, int n, int cdim,
                                         int nv, int nk, int dv, float* ring, const float* qkv, int qs, int kk,
                                         float* save) {
-    pdl_begin();
     const int nsb = nv * dv / 32;
     if ((int)blockIdx.x < nsb) {
-        gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, blockIdx.x);
-    } else if (ring) {
-        gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nsb) * 128 + threadIdx.x);
+        gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, blockIdx.x, 0, true);
+    } else {
+        pdl_begin();
+        if (ring) gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nsb) * 128 + threadIdx.x);
     }
 }
 
@@ -313,15 +317,17 @@ __device__ __forceinline__ void gdn_norm_put(float x, float ms, float zz, float 
 // Pointers: o [n][nv*dv] f32; z [n][zs] f32 (head h at h*dv); norm [dv] f32; of [n][nv*dv] f32 out;
 // p0, p1, p2 [n][ps] bf16 planes out (put3 of y at column h*dv + j).
 // Grid (n*nv, 1), block dv threads (a multiple of 32, at most 1024).
+// PDL: the gate input and norm weight are loaded before pdl_begin (z is the qkv matvec's, three
+// launches back).
 extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, const float* norm, float* of, int nv,
                                         int dv, float eps, int sig, int gemma, bf16* p0, bf16* p1, bf16* p2,
                                         int ps) {
-    pdl_begin();
     __shared__ float red[32];
     const int r = blockIdx.x / nv, h = blockIdx.x % nv, j = threadIdx.x;
     const size_t at = (size_t)r * nv * dv + h * dv + j;
-    const float x = o[at];
     const float zz = z[(size_t)r * zs + h * dv + j], wn = gemma ? 1.0f + norm[j] : norm[j];
+    pdl_begin();
+    const float x = o[at];
     const float ms = block_sum(x * x, red) / (float)dv;
     gdn_norm_put(x, ms, zz, wn, r, h, j, of, nv, dv, eps, sig, p0, p1, p2, ps);
 }
@@ -338,21 +344,19 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
 // latency after it.
 // Grid (nv + ring blocks, 1), block 4 * dv threads. Assumes dv % 32 == 0, dv <= 128, nv % nk == 0;
 // traps when n > HY_NMAX.
-// PDL: the head's state lines (128 dv floats) go to L2 (pf_l2) before pdl_begin.
+// PDL: a head's block loads its gate inputs (z is the qkv matvec's, two launches back: complete once
+// the front lets this launch start, as the front's gates take xn) and its state (gdn_cols4) before
+// pdl_begin.
 extern "C" __global__ void __launch_bounds__(512)
     hy_gdn_scan4_out32(const float* cq, const float* gb, float* S, float* o, int n, int cdim, int nv, int nk, int dv,
                        float* ring, const float* qkv, int qs, int kk, float* save, const float* z, int zs,
                        const float* norm, float* of, float eps, int sig, int gemma, bf16* p0, bf16* p1, bf16* p2,
                        int ps) {
-    if ((int)blockIdx.x < nv) {
-        const float* sh = S + (size_t)blockIdx.x * 128 * dv;
-        for (int k = threadIdx.x; k < 4 * dv; k += blockDim.x) pf_l2(sh + (size_t)k * 32);
-    }
     if (n > HY_NMAX) asm volatile("trap;");
-    pdl_begin();
     __shared__ float ored[16];
     __shared__ float osm[HY_NMAX * 128];
     if ((int)blockIdx.x >= nv) {
+        pdl_begin();
         if (ring) gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nv) * blockDim.x + threadIdx.x);
         return;
     }
@@ -365,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(512)
         const int r = rr + 4 * k;
         zr[k] = r < n ? z[(size_t)r * zs + h * dv + j] : 0.0f;
     }
-    gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, h * (dv / 32), osm);
+    gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, h * (dv / 32), osm, true);
     __syncthreads();  // the head's o rows, written by the block
 #pragma unroll
     for (int k = 0; k < HY_NMAX / 4; ++k) {
