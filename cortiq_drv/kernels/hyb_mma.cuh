@@ -202,7 +202,10 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
 //   with the weights loaded before the wait 2.044 / 6.0571; only at the end 2.1056 / 6.1918; every
 //   kernel but the matvecs letting its next launch go only at its end 2.1909 / 6.3396;
 // - let go once the row's loads are in flight (call 2, 2.018 / 6.0094): with the weights loaded
-//   before the wait 2.0114 / 6.005, after it 2.0338 / 6.0912;
+//   before the wait 2.0114 / 6.005, after it 2.0338 / 6.0912; the weights before the wait again in
+//   session 29 (call 3, two runs each, the command above with --windows 2,8): 9b 1.9795 / 1.9795
+//   against 1.9797 / 1.973, 27b 5.9395 / 5.8868 against 5.876 / 5.8876, windows within 0.3%
+//   either way: a tie;
 // - the next one-row matvec waiting on a count of this launch's blocks (each adding itself after
 //   its stores and a fence; the matvec's last block to pass zeroing it) instead of on its
 //   completion (call 3, 2.0193 / 5.9987): 2.0473 / 6.1356;
