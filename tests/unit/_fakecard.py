@@ -237,7 +237,8 @@ class FakeStore:
 
 class FakeSet:
     """A job table: the JobSpecs asked, `run` logs an `hy_mmp` launch with JobArgs' arguments
-    after the table (nj, p0, p1, p2, xs, n, cols; the table itself travels by value)."""
+    after the table (nj, p0, p1, p2, xs, n, cols; the table itself travels by value), then each
+    job's output and residual (y, res), which stand for the table."""
 
     def __init__(self, jobs, kind):
         self.jobs, self.kind = list(jobs), kind
@@ -247,8 +248,9 @@ class FakeSet:
         from cortiq_drv.cu.args import kargs
 
         assert cols == self.cols and 1 <= n <= 16
-        ctx.launch(FakeFunc("hy_mmp"), (1, 1), 256, 0, kargs("iQQQiii", len(self.jobs), p.p0, p.p1, p.p2,
-                                                             p.stride, n, cols))
+        outs = [a for j in self.jobs for a in (j.y, j.res)]
+        ctx.launch(FakeFunc("hy_mmp"), (1, 1), 256, 0, kargs("iQQQiii" + "Q" * len(outs), len(self.jobs), p.p0,
+                                                             p.p1, p.p2, p.stride, n, cols, *outs))
 
 
 class FakeGraph:
