@@ -346,7 +346,12 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
 // traps when n > HY_NMAX.
 // PDL: a head's block loads its gate inputs (z is the qkv matvec's, two launches back: complete once
 // the front lets this launch start, as the front's gates take xn) and its state (gdn_cols4) before
-// pdl_begin.
+// pdl_begin. Capping it at 104 registers (__maxnreg__, 16 bytes of stack) so that a block fits
+// on an SM beside a front block (53 248 + 10 240 registers; at 108 it takes 57 344) does not pay
+// (session 29 call 5, not kept; GPU suite 284 passed on that tree; `bench_decode --shapes 9b
+// --source mem --skip-matvec --tokens 32 --windows 2,8 --prompt 64`, device ms, two runs each):
+// 9b step 1.9803 / 1.9879 against 1.9766 / 1.975, 2-row window 2.1533 / 2.1539 against 2.1506 /
+// 2.1492, 8-row 3.3191 / 3.322 against 3.3275 / 3.3237.
 extern "C" __global__ void __launch_bounds__(512)
     hy_gdn_scan4_out32(const float* cq, const float* gb, float* S, float* o, int n, int cdim, int nv, int nk, int dv,
                        float* ring, const float* qkv, int qs, int kk, float* save, const float* z, int zs,
