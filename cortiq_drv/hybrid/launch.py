@@ -121,12 +121,12 @@ def _gdn(ctx, plan, g: GdnL, views, n: int, tape: bool, st: Stages) -> None:
     # on the H200 (bench_decode's verify_window lines, n = 2..16)
     tq, rs = (t_qkv, ring_save if g.kk > 1 else 0) if tape else (0, 0)
     # the front's gate blocks read xn before pdl_begin, so at least one launch (ms_in's) must stand
-    # between the norm that writes it and the front: H200, session 29, `bench_decode --shapes 9b,27b
-    # --source mem --skip-matvec --tokens 32 --windows 2,8 --prompt 64`, device ms, two runs each,
-    # against the dots after pdl_begin: 9b step 1.9828 / 1.9801 against 1.9926 / 1.9997, 8-row
-    # window 3.3187 / 3.3255 against 3.3665 / 3.366, 2-row 2.172 / 2.1784 against 2.1695 / 2.1743;
-    # 27b step 5.8964 / 5.9107 against 5.9281 / 5.9661, 8-row window 10.1904 / 10.1887 against
-    # 10.2496 / 10.2529
+    # between the norm that writes it and the front (common.cuh's PDL rule): H200, session 29,
+    # `bench_decode --shapes 9b,27b --source mem --skip-matvec --tokens 32 --windows 2,8 --prompt
+    # 64`, device ms, two runs each, against the dots after pdl_begin: 9b step 1.9828 / 1.9801
+    # against 1.9926 / 1.9997, 8-row window 3.3187 / 3.3255 against 3.3665 / 3.366, 2-row 2.172 /
+    # 2.1784 against 2.1695 / 2.1743; 27b step 5.8964 / 5.9107 against 5.9281 / 5.9661, 8-row window
+    # 10.1904 / 10.1887 against 10.2496 / 10.2529
     ctx.launch(fx.front, (g.cdim // g.dk + 2 * g.nv, n), max(g.dk, 64), 0,
                kargs("QiQQQiiiiiQiQQQQQiQQ", r.qkv, geo.cdmax, ring, g.taps, t_cq, n, g.cdim, g.kk, g.nk,
                      g.dk, r.xn, plan.hidden, g.a, g.b, g.a_log, g.dt_bias, t_gb, g.nv, tq, rs))

@@ -171,10 +171,14 @@ __device__ __forceinline__ void ldsm4t(u32* r, const void* p) {
 // pdl_begin() waits until that kernel has completed and its writes are visible (a no-op for a
 // kernel launched without the attribute), then lets the next kernel on the stream launch, so its
 // launch and whatever it does before its own pdl_begin() (reads of data no kernel writes: weights)
-// overlap this kernel. Nothing before pdl_begin() may read what an earlier kernel writes or write
-// what one reads, but pf_l2 below and the attention call record that hy_scores, hy_values and
-// hy_finish read (att_record; no kernel that may still run writes it), whose n0 and rb also steer
-// the first two's prefetches and the exit of their blocks past the keys (att_rows_pf). Every
+// overlap this kernel. Nothing before pdl_begin() may write, nor read what the kernel just before
+// writes, but a kernel may load there what one two or more launches back wrote: the kernel just
+// before lets this one launch only from its own pdl_begin(), which waited for that one (the GDN
+// front's gate dots of xn, the scans' states and gate inputs z; tests/unit/test_pdl.EARLY_READERS,
+// and test_hyb_graphkeys checks the launch orders). So do pf_l2 below and the attention call
+// record that hy_scores, hy_values and hy_finish read (att_record; no kernel that may still run
+// writes it), whose n0 and rb also steer the first two's prefetches and the exit of their blocks
+// past the keys (att_rows_pf). Every
 // kernel the host marks pdl calls it on every path that touches memory. Letting the next kernel
 // launch before the wait instead (a chain of them then starts during one kernel's tail) loses the
 // one-row step and gains the windows a little (H200, session 23 call 3, `bench_decode --shapes

@@ -72,10 +72,8 @@ __device__ __forceinline__ void gdn_dot_run(const float* x, const float* w, int&
 //   (rs by row 0's; 0 when kk == 1), for spec_restore's hy_gdn_restore_ring.
 // Grid (cdim/dk + 2*nv, n), block max(dk, 64) threads (a multiple of 32). Assumes cdim % dk == 0
 // (dv == dk) and dk <= 512. Reads the ring, does not move it (the scan does, after).
-// PDL: a gate block computes its dot before pdl_begin: xn is the norm's, two launches back (the
-// qkv matvec between them), complete once that launch lets this one start, since its blocks pass
-// pdl_begin, which waits for the norm, before they do; a unit block fetches its taps and ring
-// lines into L2 (pf_l2) before pdl_begin.
+// PDL: a gate block computes its dot before pdl_begin (xn is the norm's, two launches back: the
+// rule in common.cuh); a unit block fetches its taps and ring lines into L2 (pf_l2) there.
 extern "C" __global__ void __launch_bounds__(512, 1)
     hy_gdn_front(const float* qkv, int qs, const float* ring, const float* taps, float* cq, int n, int cdim, int kk,
                  int nk, int dk, const float* xn, int hidden, const float* aw, const float* bw, const float* a_log,
@@ -149,8 +147,8 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 // sums meet in shared memory, added in warp order. Group c = threadIdx.x / 128 of the block (at most
 // four) takes column block blk + c, within one head. With osm != 0 (shared, [n][dv]) each output
 // o_j of row r also goes to osm[r][j] (j within the head). With pdl, pdl_begin comes between the
-// state's loads and everything else: the scan kernels' callers guarantee that no launch less than
-// two back writes S (only a scan, a restore or an upload before the step does).
+// state's loads and everything else (only a scan, a restore or an upload before the step writes
+// S: two or more launches back, the rule in common.cuh).
 __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, const float* s_in, float* s_out,
                                           float* save, float* o, int n, int cdim, int nv, int nk, int dv,
                                           int blk, float* osm = 0, bool pdl = false) {
@@ -318,7 +316,7 @@ __device__ __forceinline__ void gdn_norm_put(float x, float ms, float zz, float 
 // p0, p1, p2 [n][ps] bf16 planes out (put3 of y at column h*dv + j).
 // Grid (n*nv, 1), block dv threads (a multiple of 32, at most 1024).
 // PDL: the gate input and norm weight are loaded before pdl_begin (z is the qkv matvec's, three
-// launches back).
+// launches back: the rule in common.cuh).
 extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, const float* norm, float* of, int nv,
                                         int dv, float eps, int sig, int gemma, bf16* p0, bf16* p1, bf16* p2,
                                         int ps) {
@@ -344,14 +342,13 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
 // latency after it.
 // Grid (nv + ring blocks, 1), block 4 * dv threads. Assumes dv % 32 == 0, dv <= 128, nv % nk == 0;
 // traps when n > HY_NMAX.
-// PDL: a head's block loads its gate inputs (z is the qkv matvec's, two launches back: complete once
-// the front lets this launch start, as the front's gates take xn) and its state (gdn_cols4) before
-// pdl_begin. Capping it at 104 registers (__maxnreg__, 16 bytes of stack) so that a block fits
-// on an SM beside a front block (53 248 + 10 240 registers; at 108 it takes 57 344) does not pay
-// (session 29 call 5, not kept; GPU suite 284 passed on that tree; `bench_decode --shapes 9b
-// --source mem --skip-matvec --tokens 32 --windows 2,8 --prompt 64`, device ms, two runs each):
-// 9b step 1.9803 / 1.9879 against 1.9766 / 1.975, 2-row window 2.1533 / 2.1539 against 2.1506 /
-// 2.1492, 8-row 3.3191 / 3.322 against 3.3275 / 3.3237.
+// PDL: a head's block loads its gate inputs (z is the qkv matvec's, two launches back: the rule in
+// common.cuh) and its state (gdn_cols4) before pdl_begin. Capping it at 104 registers (__maxnreg__,
+// 16 bytes of stack) so that a block fits on an SM beside a front block (53 248 + 10 240 registers;
+// at 108 it takes 57 344) does not pay (session 29 call 5, not kept; GPU suite 284 passed on that
+// tree; `bench_decode --shapes 9b --source mem --skip-matvec --tokens 32 --windows 2,8 --prompt
+// 64`, device ms, two runs each): 9b step 1.9803 / 1.9879 against 1.9766 / 1.975, 2-row window
+// 2.1533 / 2.1539 against 2.1506 / 2.1492, 8-row 3.3191 / 3.322 against 3.3275 / 3.3237.
 extern "C" __global__ void __launch_bounds__(512)
     hy_gdn_scan4_out32(const float* cq, const float* gb, float* S, float* o, int n, int cdim, int nv, int nk, int dv,
                        float* ring, const float* qkv, int qs, int kk, float* save, const float* z, int zs,
