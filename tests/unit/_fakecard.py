@@ -338,26 +338,30 @@ _SIG = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s
 _MACRO = "__launch_bounds__"
 
 
-def kernel_formats() -> dict[str, str]:
-    """Each `extern "C"` kernel of the hybrid sources as a kargs format: pointers and u64 'Q',
-    int 'i', float 'f' (hy_mmp_* take their macro's parameter list)."""
+def kernel_params() -> dict[str, list[str]]:
+    """Each `extern "C"` kernel of the hybrid sources: its parameters as written (type and name;
+    hy_mmp_* take their macro's parameter list)."""
     out = {}
     for name in ("hyb_gdn.cuh", "hyb_attn.cuh", "hyb_mma.cuh", "hyb_mmp.cuh"):
         for fn, params in _SIG.findall((_KERNELS / name).read_text()):
-            if fn == _MACRO:
-                continue
-            codes = ""
-            for p in params.split(","):
-                p = p.strip()
-                if not p:
-                    continue
-                if "*" in p or p.split()[0] in ("u64",):
-                    codes += "Q"
-                elif p.split()[-2] in ("int",):
-                    codes += "i"
-                elif p.split()[-2] == "float":
-                    codes += "f"
-                else:
-                    raise AssertionError(f"{fn}: parameter {p!r}")
-            out[fn] = codes
+            if fn != _MACRO:
+                out[fn] = [p.strip() for p in params.split(",") if p.strip()]
+    return out
+
+
+def kernel_formats() -> dict[str, str]:
+    """Each kernel of `kernel_params` as a kargs format: pointers and u64 'Q', int 'i', float 'f'."""
+    out = {}
+    for fn, params in kernel_params().items():
+        codes = ""
+        for p in params:
+            if "*" in p or p.split()[0] in ("u64",):
+                codes += "Q"
+            elif p.split()[-2] in ("int",):
+                codes += "i"
+            elif p.split()[-2] == "float":
+                codes += "f"
+            else:
+                raise AssertionError(f"{fn}: parameter {p!r}")
+        out[fn] = codes
     return out

@@ -14,6 +14,7 @@ from cortiq_drv.hybrid.admit import admit
 from cortiq_drv.hybrid.graphs import run_small
 from cortiq_drv.hybrid.plan import plan_for
 from cortiq_drv.hybrid.state import ARGMAX_BLOCKS
+from test_pdl import EARLY_READERS
 
 
 def _plan(hs, cmf, g, head=True):
@@ -136,30 +137,36 @@ def test_launch_sequence_and_argument_lists(hyb_tiny):
     assert p.ci.read(np.int32, 8).tolist() == [0, 0, 64, 4096, 64, 0, 0, 0]
 
 
-# The arguments (by position) a kernel reads before its wait (test_pdl.EARLY_READERS): the front's
-# xn, the scans' S, the gated norms' z.
-_EARLY_ARGS = {"hy_gdn_front": (10,), "hy_gdn_scan4": (2,), "hy_gdn_scan4_out32": (2, 14), "hy_gdn_out32": (1,)}
+# The parameters a kernel reads before its wait (test_pdl.EARLY_READERS): the front's xn, the
+# scans' S, the gated norms' z.
+_EARLY_PARAMS = {"hy_gdn_front": ("xn",), "hy_gdn_scan4": ("S",), "hy_gdn_scan4_out32": ("S", "z"),
+                 "hy_gdn_out32": ("z",)}
 
 
 def test_early_reads_skip_the_launch_before(hyb_tiny):
     """What a kernel loads before its wait was written at least two launches back: the nearest
-    launch before it that holds a buffer of _EARLY_ARGS among its arguments (a matvec's jobs'
+    launch before it that holds a buffer of _EARLY_PARAMS among its arguments (a matvec's jobs'
     outputs included) is two or more back, in the fused and the two-launch form, with a tape or
     none; the xn and z writers (the norm, the qkv matvec) are found so."""
+    assert set(_EARLY_PARAMS) == set(EARLY_READERS)
+    params = _fakecard.kernel_params()
+    at = {(k, v): [p.split()[-1].lstrip("*") for p in params[k]].index(v) for k, vs in _EARLY_PARAMS.items()
+          for v in vs}
     back = {}
     for n, tape in ((1, False), (2, True), (launch.FUSED_SCAN_ROWS + 1, True)):
         _, _, ctx, _ = _direct_call(hyb_tiny, n, tape)
         ls = ctx.launches
+        blobs = [b"".join(l.args) for l in ls]
         for k, l in enumerate(ls):
-            for i in _EARLY_ARGS.get(l.name, ()):
-                ptr = l.args[i]
-                assert int.from_bytes(ptr, "little") != 0, (l.name, i)
-                holders = [k - j for j in range(k) if ptr in b"".join(ls[j].args)]
-                assert not holders or min(holders) >= 2, (n, l.name, i, min(holders))
-                back.setdefault((l.name, i), set()).add(min(holders) if holders else None)
-    assert set(back) == {(k, i) for k, v in _EARLY_ARGS.items() for i in v}
-    assert back[("hy_gdn_front", 10)] == {2} and back[("hy_gdn_scan4_out32", 14)] == {2}
-    assert back[("hy_gdn_out32", 1)] == {3}
+            for v in _EARLY_PARAMS.get(l.name, ()):
+                ptr = l.args[at[(l.name, v)]]
+                assert int.from_bytes(ptr, "little") != 0, (l.name, v)
+                holders = [k - j for j in range(k) if ptr in blobs[j]]
+                assert not holders or min(holders) >= 2, (n, l.name, v, min(holders))
+                back.setdefault((l.name, v), set()).add(min(holders) if holders else None)
+    assert set(back) == set(at)
+    assert back[("hy_gdn_front", "xn")] == {2} and back[("hy_gdn_scan4_out32", "z")] == {2}
+    assert back[("hy_gdn_out32", "z")] == {3}
 
 
 def test_longer_calls_scan_and_norm_in_two_launches(hyb_tiny):
