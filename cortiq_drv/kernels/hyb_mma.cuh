@@ -211,6 +211,24 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
 //   completion (call 3, 2.0193 / 5.9987): 2.0473 / 6.1356;
 // - the next matvec issuing 1 or 2 of its 3 first stages before its wait, the rest after (call 5,
 //   2.0158 / 6.0219): 2.0356 / 6.082 and 2.0183 / 6.046.
+// Nor does splitting the norm between the launches around it pay (session 30, not kept): the
+// residual matvec before it writing, in its epilogue, its outputs times w as the planes and each
+// 16-row tile's sum of squares (a half warp's butterfly), the matvecs after it dividing their
+// outputs (a pair's gate and up) by den from those sums, taken once a block after its first
+// item's sums, and a launch of its own for the first layer alone: 64 launches fewer on the 9B, a
+// row's bits the same in every call (GPU suite 332 passed, with tests of both sides against
+// float64 at every variant). The norms' segments go (bench_decode --shapes 9b --timeline: 259.5
+// us of 65 launches), but the one-row matvecs after them grow their bodies by 184 us (hy_mmv_2_8,
+// 64 launches: 12.9 -> 15.8 us each) and the makers by 38-59 (hy_mmvs_2_16): the next matvec's
+// blocks, resident once the matvec before them leaves the SMs, bring in their first stages while
+// this kernel runs; without it that ramp is theirs. H200, session 30 call 2, `bench_decode
+// --shapes 9b,27b --source mem --skip-matvec --tokens 32 --windows 2,8 --prompt 64`, device ms,
+// two runs each, as it is against split: 9b step 1.9724 / 1.9747 against 1.9981 / 1.9955, 2-row
+// window 2.1477 / 2.1457 against 2.1466 / 2.1453, 8-row 3.3173 / 3.3152 against 3.275 / 3.2786;
+// 27b step 5.93 / 5.8828 against 5.9155 / 5.9231, 2-row window 6.1929 / 6.2023 against 6.3833 /
+// 6.3609, 8-row 10.1142 / 10.1082 against 10.1118 / 10.1483 (call 1, the sums fmaf'd by one
+// thread a tile after a barrier, the weights not prefetched: 9b step 2.0305 / 2.0295 against
+// 1.9782 / 1.9814).
 extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf, int hidden, float eps, int gemma,
                                        bf16* p0, bf16* p1, bf16* p2, int ps) {
     pdl_begin();
