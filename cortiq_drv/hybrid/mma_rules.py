@@ -27,7 +27,7 @@ def set_rules(rows: list[int]) -> tuple[bool, bool]:
     attention q + k + v 10.36 against 12.11 at one row, though 38.91 against 35.22 at 16). In the
     decode step's graph the line holds both ways, by more than the sets alone say (H200, session
     30 calls 3-4, `bench_decode --shapes 9b|27b --source mem --skip-matvec --tokens 32 --windows
-    2,8 --prompt 64`, device ms, two runs each): KS 8 for the 9B's 4096-row sets (o, GDN out,
+    2,3,8|2,8 --prompt 64`, device ms, two runs each): KS 8 for the 9B's 4096-row sets (o, GDN out,
     down; KS16_ROWS 4096) 2.1138 / 2.1138 against 1.9699 / 1.9648 a step, 8-row window 3.7395 /
     3.7459 against 3.3101 / 3.3024; KS 16 for the 27B's 5120-row ones (KS16_ROWS 5121) 6.4245 /
     6.4281 against 5.8862 / 5.8849, 8-row window 10.4726 / 10.4946 against 10.2723 / 10.2831. tb1:
