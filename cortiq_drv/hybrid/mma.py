@@ -130,6 +130,12 @@ class MmaFuncs:
         # of the fewest percent for these blocks slows the staged 9B head, 177.5 -> 214.1 us, and
         # the decode step, 2.227 -> 2.261 ms; of 100, 8-row calls, 9B gate/up 33.2 -> 36.6 us:
         # H200, session 17)
+        # Every block an SM holds: hy_mmv's caps one block an SM short, so that each SM keeps a
+        # block's registers for the next launch's blocks to become resident and fetch their first
+        # stages while it runs, lose (H200, session 30 call 5, `bench_decode --shapes 9b --source
+        # mem --skip-matvec --tokens 32 --windows 2 --prompt 64`, device ms, two runs each: step
+        # 2.0977 / 2.0952 against 1.9805 / 1.9819, 2-row window 2.3552 / 2.3602 against 2.1445 /
+        # 2.1467; the rules' choices made from those caps).
         for (nt, tb, ks), f in self.mmp.items():
             smem = self.mmp_smem[nt][int(ks == 16)]
             f.allow_smem(smem)
