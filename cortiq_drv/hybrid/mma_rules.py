@@ -116,7 +116,10 @@ def stages_b(items: int, gpr: int, ring_cap: int, staged_cap: int, mmp_cap: int,
       attention in, 448 items of 160 groups, two rounds each, 16.47 against 17.63 alone, 27B GDN in
       16.41 against 18.10; in the graph, session 20 call 1, `bench_decode --shapes 27b --source mem
       --skip-matvec --tokens 16`, device ms, two runs each, 6.0868 / 6.0755 against 6.1836 /
-      6.1829); or
+      6.1829; session 30 call 6, `bench_decode --shapes 9b --source mem --skip-matvec --tokens 32
+      --windows '' --prompt 64 --force KEY=VARIANT`, two runs each, against 1.9787 / 1.9777: the
+      9B o and GDN out on hy_mmp_1_2_16 1.9829 / 1.9821, on hy_mmv_2_16 2.0545 / 2.0525, the 9B
+      down, 128 items of 384 groups, on hy_mmv_2_16 2.2494 / 2.2496); or
     - in place of hy_mmv, when its bigger shared memory keeps every block the set could use
       resident and each block walks STAGE_MIN_GROUPS groups or more, over which the copy pays
       (the 27B shape's down and head would lose blocks: they stay on hy_mmv).
