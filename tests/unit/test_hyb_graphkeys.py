@@ -137,20 +137,13 @@ def test_launch_sequence_and_argument_lists(hyb_tiny):
     assert p.ci.read(np.int32, 8).tolist() == [0, 0, 64, 4096, 64, 0, 0, 0]
 
 
-# The parameters a kernel reads before its wait (test_pdl.EARLY_READERS): the front's xn, the
-# scans' S, the gated norms' z.
-_EARLY_PARAMS = {"hy_gdn_front": ("xn",), "hy_gdn_scan4": ("S",), "hy_gdn_scan4_out32": ("S", "z"),
-                 "hy_gdn_out32": ("z",)}
-
-
 def test_early_reads_skip_the_launch_before(hyb_tiny):
     """What a kernel loads before its wait was written at least two launches back: the nearest
-    launch before it that holds a buffer of _EARLY_PARAMS among its arguments (a matvec's jobs'
-    outputs included) is two or more back, in the fused and the two-launch form, with a tape or
-    none; the xn and z writers (the norm, the qkv matvec) are found so."""
-    assert set(_EARLY_PARAMS) == set(EARLY_READERS)
+    launch before it that holds a buffer of test_pdl.EARLY_READERS among its arguments (a
+    matvec's jobs' outputs included) is two or more back, in the fused and the two-launch form,
+    with a tape or none; the xn and z writers (the norm, the qkv matvec) are found so."""
     params = _fakecard.kernel_params()
-    at = {(k, v): [p.split()[-1].lstrip("*") for p in params[k]].index(v) for k, vs in _EARLY_PARAMS.items()
+    at = {(k, v): [p.split()[-1].lstrip("*") for p in params[k]].index(v) for k, vs in EARLY_READERS.items()
           for v in vs}
     back = {}
     for n, tape in ((1, False), (2, True), (launch.FUSED_SCAN_ROWS + 1, True)):
@@ -158,7 +151,7 @@ def test_early_reads_skip_the_launch_before(hyb_tiny):
         ls = ctx.launches
         blobs = [b"".join(l.args) for l in ls]
         for k, l in enumerate(ls):
-            for v in _EARLY_PARAMS.get(l.name, ()):
+            for v in EARLY_READERS.get(l.name, ()):
                 ptr = l.args[at[(l.name, v)]]
                 assert int.from_bytes(ptr, "little") != 0, (l.name, v)
                 holders = [k - j for j in range(k) if ptr in blobs[j]]

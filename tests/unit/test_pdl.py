@@ -20,10 +20,12 @@ from cortiq_drv.kernels import source
 # (no state space). An L2 prefetch (pf_l2) is not: it reads nothing into the kernel.
 _GLOBAL = re.compile(r"\b(ld\.global|st\.global|atom\.|red\.|cp\.async\.c[ag]\.shared\.global"
                      r"|prefetch\.global\.L1|(?:ld|st)\.(?!shared|param|local|const|global)\w)")
-# Kernels that load, before their wait, what a launch at least two back wrote (hyb_gdn.cuh): the
-# front's gate dots xn, the scans their state, the gated norms their gate inputs z. Before the wait
-# they may only load (test_hyb_graphkeys checks that the launch just before them holds none of it).
-EARLY_READERS = ("hy_gdn_front", "hy_gdn_scan4", "hy_gdn_scan4_out32", "hy_gdn_out32")
+# Kernels that load, before their wait, what a launch at least two back wrote (hyb_gdn.cuh), and
+# the parameters they load it from: the front's gate dots xn, the scans their state S, the gated
+# norms their gate inputs z. Before the wait they may only load (test_hyb_graphkeys checks that
+# the launch just before them holds none of it).
+EARLY_READERS = {"hy_gdn_front": ("xn",), "hy_gdn_scan4": ("S",), "hy_gdn_scan4_out32": ("S", "z"),
+                 "hy_gdn_out32": ("z",)}
 # What a matvec may not do before it waits: read activations (ld.global.nc, __ldg), write or
 # update global memory; its L1 prefetches are counted apart (the residual's must wait).
 _MATVEC_AFTER = re.compile(r"\b(ld\.global\.nc|st\.global|atom\.|red\.|(?:ld|st)\.(?!shared|param|local|const|global)\w)")
