@@ -178,10 +178,9 @@ __device__ __forceinline__ void ldsm4t(u32* r, const void* p) {
 // and test_hyb_graphkeys checks the launch orders). So do pf_l2 below and the attention call
 // record that hy_scores, hy_values and hy_finish read (att_record; no kernel that may still run
 // writes it), whose n0 and rb also steer the first two's prefetches and the exit of their blocks
-// past the keys (att_rows_pf). Every
-// kernel the host marks pdl calls it on every path that touches memory. Letting the next kernel
-// launch before the wait instead (a chain of them then starts during one kernel's tail) loses the
-// one-row step and gains the windows a little (H200, session 23 call 3, `bench_decode --shapes
+// past the keys (att_rows_pf). Every kernel the host marks pdl calls it on every path that touches
+// memory. Letting the next kernel launch before the wait instead (a chain of them then starts
+// during one kernel's tail) loses the one-row step and gains the windows a little (H200, session 23 call 3, `bench_decode --shapes
 // 9b,27b --source mem --skip-matvec --tokens 16 --windows 8,16`, device ms, two runs each, this
 // order against that: 9b step 2.0397 / 2.0345 against 2.0648 / 2.0575, 27b 6.015 / 6.0159
 // against 6.1478 / 6.1223; 9b 8-row window 3.4776 / 3.4565 against 3.4252 / 3.4281, 16 rows
