@@ -98,7 +98,7 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
     }
 }
 
-// Stages of each warp's ring (a power of two): S * 1088 bytes of dynamic shared memory a warp;
+// Stages of each warp's ring (at least three): S * 1088 bytes of dynamic shared memory a warp;
 // hy_mmp's and hy_mmr's (HY_RUN_STAGES), and hy_mmv's (more blocks an SM, see hyb_mmp.cuh).
 // H200, 9B, 3..16 rows: hy_mmp_run 4 stages deep is 1-8% faster than 8 deep on every set it ran
 // (down at 3 rows 18.4 against 20.0 us, at 16 rows 52.5 against 54.3). Fetching a block's next
@@ -158,6 +158,23 @@ __device__ __forceinline__ void hy_epilogue(const HyJob& jb, int tile0, int nvt,
 // 244.66 against 206.76 (at one an SM 350.45); 9B GDN in 12.25 against 10.24. Eight consumer
 // warps an SM fed from a ring 11 stages deep reach 0.34-0.43 of the read bandwidth: the
 // consumers' own pace, not the memory's, bounds the one-row call.
+// Four is the best depth of hy_mmv's ring at one row, where the depths between the powers of two
+// fit as many blocks an SM (hy_mmv_2_8: three up to 7 deep), and of hy_mmp's over the windows
+// (H200, session 31; `bench_kernels --models 9B,27B --rows 1,2 --no-cublas --define
+// HY_MV_STAGES=S`, us at one row, and `bench_decode --shapes 9b,27b --source mem --skip-matvec
+// --tokens 32 --windows 2 --prompt 64`, device ms, two runs each):
+// - HY_MV_STAGES 4 / 5 / 6 / 7 (call 1): 9B gate/up 17.87 / 19.62 / 21.48 / 23.13, 9B down 10.06
+//   / 10.46 / 10.82 / 11.94, 9B head 158.65 / 170.76 / 182.2 / 187.8, 27B gate/up 31.47 / 31.53 /
+//   37.34 / 38.43; 9b step 1.9725 / 1.9763, 2.1097 / 2.1109, 2.2109 / 2.2061, 2.2924 / 2.2941;
+//   27b step 5.8957 / 5.9419, 6.0641 / 6.0818, 6.7306 / 6.7208, 6.9143 / 6.9502.
+// - HY_MV_STAGES 3 (call 2, --windows 2,8): 9b step 2.0153 / 2.0167 against 1.9772 / 1.9735, 27b
+//   6.0622 / 6.0312 against 5.8682 / 5.9099.
+// - HY_RUN_STAGES 3 as well (call 2, --rows 1,2,4,8,16, us, against HY_MV_STAGES 3 alone): the
+//   few-row calls on hy_mmp_1 gain (9B q at two rows 8.81 -> 7.53, 9B down at 2 / 4 / 8 rows 12.06
+//   / 14.12 / 15.59 -> 10.24 / 12.9 / 15.25), the wide ones lose (9B gate/up at 8 / 16 rows 32.11
+//   / 50.02 -> 32.92 / 62.23, 27B gate/up 56.9 / 97.96 -> 58.52 / 123.09): 9b 2-row window 2.1182
+//   / 2.1056 against 4 / 4 deep's 2.1456 / 2.1461, 8-row 3.3037 / 3.2849 against 3.3079 /
+//   3.3253, 27b 8-row 10.3102 / 10.3122 against 10.1357 / 10.1389.
 #ifndef HY_RUN_STAGES
 #define HY_RUN_STAGES 4
 #endif
@@ -200,6 +217,10 @@ __device__ __forceinline__ void hy_ldb(u32 (*b)[4], const uint4* const* bq, int 
 // fall in distinct banks.
 __device__ __forceinline__ int hy_sb_stride(int gpr) { return gpr * 64 + ((64 - gpr * 64) & 127); }
 
+// The ring slot of stage i >= 0 of a ring S stages deep (a mask where S is a power of two).
+template <int S>
+__device__ __forceinline__ int hy_slot(int i) { return (S & (S - 1)) == 0 ? i & (S - 1) : i % S; }
+
 // hy_mmp's work for calls whose columns fill NTC n-tiles (NTC = ceil(3 n / 8)), each warp's ring
 // S stages deep, whole stages without per-group exits when NTC <= WH (the register cap the caller
 // runs under decides what fits; 0: never); see hy_mmp. The sums and their order depend on KS
@@ -226,7 +247,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     // --models 9B,27B --rows 4,8,16`, us, none / 2 / 4 ahead: 9B gate/up at 8 rows 31.9 / 42.8 /
     // 40.5, 27B down at 8 rows 36.5 / 61.8 / 57.9, 9B head at 16 rows 495 / 526 / 518).
     constexpr bool PF = NTC <= 3;
-    static_assert((S & (S - 1)) == 0 && S >= 4, "ring stages: a power of two >= 4");
+    static_assert(S >= 3, "ring stages: at least three");
     extern __shared__ __align__(16) unsigned char hy_ring[];
     int bi = blockIdx.x;
     const int gpr = cols >> 5;
@@ -280,6 +301,14 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     // window: evict-first 2.0019 / 3.3572 / 5.909 / 10.253 and 1.9995 / 3.3707 / 5.8956 / 10.248
     // against the default policy's 2.0055 / 3.4272 / 5.9927 / 10.3783 and 2.0028 / 3.421 / 6.0397
     // / 10.3865 (registers and spills of every weight-side kernel unchanged, ptxas -v).
+    // Nor does each warp's lane 0 filling its ring by bulk copies win at one row (session 31 call
+    // 4, not kept: each tile's run of a stage's groups and its codes one cp.async.bulk apiece, 512
+    // and 32 bytes at TB 2, evict-first, on an mbarrier a slot, the slot's parity tracked; the same
+    // bits, the GPU suite 284 passed): `bench_kernels --models 9B,27B --rows 1,8 --no-cublas`, us at
+    // one row, 9B gate/up 23.15 against 17.98, 9B down 12.58 against 10.11, 9B head 211.61 against
+    // 159.31, 27B gate/up 41.84 against 31.56; `bench_decode --shapes 9b,27b --source mem
+    // --skip-matvec --tokens 32 --windows 2,8 --prompt 64`, device ms, 9b step 2.3512 / 2.3511
+    // against 1.9791 / 1.9796, 27b 7.095 / 7.039 against 5.8907 / 5.932.
     const u64 wpol = l2_evict_first();
     auto issue = [&](int i, int k) {
         const u32 slot = ring + k * STAGE;
@@ -351,7 +380,11 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     };
     // the first item's weights in flight, its rung table made and (PFL) the next item's ladder
     // rows fetched, all from data no kernel writes, before pdl_begin; the activations and the
-    // residual after it
+    // residual after it. The ladder rows loaded before the weight stages rather than after them,
+    // so they do not queue behind a launch's first stages, tie or lose (session 31 call 3, the
+    // bench_decode command above, device ms, two runs each: 9b step 1.9716 / 1.9725 against
+    // 1.9768 / 1.9687, 27b 5.9601 / 5.9038 against 5.858 / 5.865, 27b 2-row window 6.2108 /
+    // 6.2099 against 6.1787 / 6.1735).
     locate(bi);
     pf_lad();
     if (TB > 1) {
@@ -411,7 +444,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             // stage i - 1, whose slot the next issue refills)
             cp_async_wait<S - 2>();
             __syncwarp();
-            issue(i + S - 1, (k + S - 1) & (S - 1));
+            issue(i + S - 1, hy_slot<S>(k + S - 1));
             const unsigned char* st = ringp + k * STAGE;
 #pragma unroll
             for (int gu = 0; gu < GS; ++gu) {
@@ -464,8 +497,8 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
                 for (int k = 0; k < S; ++k) stage(i + k, k, true);
             }
         }
-        for (; i < nwhole; ++i) stage(i, i & (S - 1), true);
-        for (; i < nst; ++i) stage(i, i & (S - 1), false);
+        for (; i < nwhole; ++i) stage(i, hy_slot<S>(i), true);
+        for (; i < nst; ++i) stage(i, hy_slot<S>(i), false);
         // this item's outputs; then the next item's first stages and ladders go out before the
         // reduction, so its memory latency hides behind it (every lane past its last stage first:
         // the refill reuses the slots)
