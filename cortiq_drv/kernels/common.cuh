@@ -173,18 +173,20 @@ __device__ __forceinline__ void ldsm4t(u32* r, const void* p) {
 // launch and whatever it does before its own pdl_begin() (reads of data no kernel writes: weights)
 // overlap this kernel. Nothing before pdl_begin() may write, nor read what the kernel just before
 // writes, but a kernel may load there what one two or more launches back wrote: the kernel just
-// before lets this one launch only from its own pdl_begin(), which waited for that one (the GDN
-// front's gate dots of xn, the scans' states and gate inputs z; tests/unit/test_pdl.EARLY_READERS,
-// and test_hyb_graphkeys checks the launch orders). So do pf_l2 below and the attention call
-// record that hy_scores, hy_values and hy_finish read (att_record; no kernel that may still run
-// writes it), whose n0 and rb also steer the first two's prefetches and the exit of their blocks
-// past the keys (att_rows_pf). Every kernel the host marks pdl calls it on every path that touches
-// memory. Letting the next kernel launch before the wait instead (a chain of them then starts
-// during one kernel's tail) loses the one-row step and gains the windows a little (H200, session 23 call 3, `bench_decode --shapes
-// 9b,27b --source mem --skip-matvec --tokens 16 --windows 8,16`, device ms, two runs each, this
-// order against that: 9b step 2.0397 / 2.0345 against 2.0648 / 2.0575, 27b 6.015 / 6.0159
-// against 6.1478 / 6.1223; 9b 8-row window 3.4776 / 3.4565 against 3.4252 / 3.4281, 16 rows
-// 6.2095 / 6.2143 against 6.1391 / 6.1335).
+// before lets this one launch only from its own pdl_begin(), which waited for that one (save the
+// few-row calls of the kernels before a matvec, HY_EARLY_ROWS below, which no such reader follows;
+// the GDN front's gate dots of xn, the scans' states and gate inputs z;
+// tests/unit/test_pdl.EARLY_READERS, and test_hyb_graphkeys checks the launch orders). So do pf_l2
+// below and the attention call record that hy_scores, hy_values and hy_finish read (att_record; no
+// kernel that may still run writes it), whose n0 and rb also steer the first two's prefetches and
+// the exit of their blocks past the keys (att_rows_pf). Every kernel the host marks pdl calls it on
+// every path that touches memory. Letting the next kernel launch before the wait in every kernel
+// instead (a chain of them then starts during one kernel's tail) loses the one-row step and gains
+// the windows a little (H200, session 23 call 3, `bench_decode --shapes 9b,27b --source mem
+// --skip-matvec --tokens 16 --windows 8,16`, device ms, two runs each, this order against that: 9b
+// step 2.0397 / 2.0345 against 2.0648 / 2.0575, 27b 6.015 / 6.0159 against 6.1478 / 6.1223; 9b
+// 8-row window 3.4776 / 3.4565 against 3.4252 / 3.4281, 16 rows 6.2095 / 6.2143 against 6.1391 /
+// 6.1335).
 // Timeline records (tools/bench_decode.py --timeline), compiled in only with HY_TIMELINE = the
 // records hy_tl holds: 4 words each, appended at hy_tl_n (the host zeroes it, and reads both by
 // name). pdl_begin's thread 0 of each block: (%gridid, %globaltimer ns on entering it, when its wait
@@ -213,13 +215,36 @@ __device__ __forceinline__ void hy_tl_put(bool end, unsigned long long t0, unsig
 }
 #endif
 
-__device__ __forceinline__ void pdl_begin() {
+// A call of at most HY_EARLY_ROWS rows of the kernels that come just before a matvec (hy_rmsnorm2,
+// hy_gdn_scan4_out32, hy_finish) lets the next kernel launch before its wait (pdl_begin(true)).
+// The matvec after it loads only weights and ladders before its own wait (test_pdl), so it may
+// start during the tail of the kernel before this one: its blocks become resident as that one's
+// leave the SMs and bring in their first weight stages there, where otherwise they would launch
+// only once that kernel had completed and this one's wait returned. H200, session 31 call 5,
+// `bench_decode --shapes 9b,27b --source mem --skip-matvec --tokens 32 --windows 2,8 --prompt 64`,
+// device ms, two runs each, at every row count against none (the norm alone / all three):
+// 9b step 1.9359 / 1.934 and 1.9334 / 1.9374 against 1.9699 / 1.9771, 27b step 5.8446 / 5.7899
+// and 5.8178 / 5.7563 against 5.9316 / 5.8716; 2-row windows 9b 2.1431 / 2.1418 and 2.1375 /
+// 2.1376 against 2.1462 / 2.1408, 27b 6.2842 / 6.2781 and 6.1627 / 6.1731 against 6.2108 /
+// 6.1979; 8-row windows lose: 9b 3.3359 / 3.3289 and 3.3304 / 3.3295 against 3.3168 / 3.317, 27b
+// 10.423 / 10.4325 and 10.4247 / 10.4251 against 10.1611 / 10.155. As kept, the three at one and
+// two rows (call 6, --windows 2,3,8, against the tree before): 9b step 1.9516 / 1.9504 against
+// 1.9754 / 1.9769 (device ratio 0.483 / 0.482 against 0.478 / 0.476), 27b 5.7713 / 5.7754 against
+// 5.8727 / 5.8613; 9b windows of 2 / 3 / 8 rows 2.1429 / 2.6909 / 3.3229 and 2.1423 / 2.6866 /
+// 3.3209 against 2.1425 / 2.6801 / 3.3237 and 2.1432 / 2.6793 / 3.3221, 27b 8-row 10.1844 /
+// 10.1895 against 10.1833 / 10.1823.
+#ifndef HY_EARLY_ROWS
+#define HY_EARLY_ROWS 2
+#endif
+
+__device__ __forceinline__ void pdl_begin(bool early = false) {
 #ifdef HY_TIMELINE
     const unsigned long long t0 = hy_tl_now();
 #endif
 #if __CUDA_ARCH__ >= 900
+    if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (!early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 #ifdef HY_TIMELINE
     if (threadIdx.x == 0 && threadIdx.y == 0) hy_tl_put(false, t0, hy_tl_now());

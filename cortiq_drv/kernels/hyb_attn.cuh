@@ -312,12 +312,13 @@ extern "C" __global__ void hy_values(const float* S, const float* Mx, const f16*
 // order (then the far block when the record says), times sigmoid(gate[r][h][d]) when gate != 0,
 // into the planes: put3 at row r, column h*HD + d.
 // Pointers: P, E scratch (header); gate [n][nh][HD] f32 or 0; p0, p1, p2 [n][ps] bf16 out; ci or 0.
-// Grid (nh, n), block 256 threads; HD <= 256 (hy_values').
+// Grid (nh, n), block 256 threads; HD <= 256 (hy_values'). PDL: a call of at most HY_EARLY_ROWS
+// rows lets the out projection's matvec launch before its wait (common.cuh).
 extern "C" __global__ void hy_finish(const float* P, const float* E, const float* gate, bf16* p0, bf16* p1, bf16* p2,
                                      int ps, int n0, int rb, int nh, int nbcap, const int* ci) {
     int far = 0, ncap = 0;
     att_record(ci, n0, rb, ncap, nbcap, far);
-    pdl_begin();
+    pdl_begin(gridDim.y <= HY_EARLY_ROWS);
     const int r = blockIdx.y, h = blockIdx.x;
     const int nb = (n0 + r + 1 + rb - 1) / rb;
     const float* er = E + (size_t)r * nbcap * nh + h;

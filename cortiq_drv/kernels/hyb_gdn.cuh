@@ -146,12 +146,12 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 // lane l) holds S[h][32w .. 32w+31][j0 + l] in registers over every row; the four warps' partial
 // sums meet in shared memory, added in warp order. Group c = threadIdx.x / 128 of the block (at most
 // four) takes column block blk + c, within one head. With osm != 0 (shared, [n][dv]) each output
-// o_j of row r also goes to osm[r][j] (j within the head). With pdl, pdl_begin comes between the
-// state's loads and everything else (only a scan, a restore or an upload before the step writes
-// S: two or more launches back, the rule in common.cuh).
+// o_j of row r also goes to osm[r][j] (j within the head). With pdl, pdl_begin(early) comes
+// between the state's loads and everything else (only a scan, a restore or an upload before the
+// step writes S: two or more launches back, the rule in common.cuh).
 __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, const float* s_in, float* s_out,
                                           float* save, float* o, int n, int cdim, int nv, int nk, int dv,
-                                          int blk, float* osm = 0, bool pdl = false) {
+                                          int blk, float* osm = 0, bool pdl = false, bool early = false) {
     const int DK = 128;
     __shared__ float kq[2][2][DK];  // [row parity][k | q][i]
     __shared__ float red[4][2][4][32];  // [group][kv | o][warp][lane]
@@ -163,7 +163,7 @@ __device__ __forceinline__ void gdn_cols4(const float* cq, const float* gb, cons
     float s[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = s_in[base + (size_t)i * dv];
-    if (pdl) pdl_begin();
+    if (pdl) pdl_begin(early);
     if (save) {
 #pragma unroll
         for (int i = 0; i < 32; ++i) save[base + (size_t)i * dv] = s[i];
@@ -343,7 +343,8 @@ extern "C" __global__ void hy_gdn_out32(const float* o, const float* z, int zs, 
 // Grid (nv + ring blocks, 1), block 4 * dv threads. Assumes dv % 32 == 0, dv <= 128, nv % nk == 0;
 // traps when n > HY_NMAX.
 // PDL: a head's block loads its gate inputs (z is the qkv matvec's, two launches back: the rule in
-// common.cuh) and its state (gdn_cols4) before pdl_begin. Capping it at 104 registers (__maxnreg__,
+// common.cuh) and its state (gdn_cols4) before pdl_begin, which in a call of at most HY_EARLY_ROWS
+// rows lets the out projection's matvec launch first (common.cuh). Capping it at 104 registers (__maxnreg__,
 // 16 bytes of stack) so that a block fits on an SM beside a front block (53 248 + 10 240 registers;
 // at 108 it takes 57 344) does not pay (session 29 call 5, not kept; GPU suite 284 passed on that
 // tree; `bench_decode --shapes 9b --source mem --skip-matvec --tokens 32 --windows 2,8 --prompt
@@ -358,7 +359,7 @@ extern "C" __global__ void __launch_bounds__(512)
     __shared__ float ored[16];
     __shared__ float osm[HY_NMAX * 128];
     if ((int)blockIdx.x >= nv) {
-        pdl_begin();
+        pdl_begin(n <= HY_EARLY_ROWS);
         if (ring) gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nv) * blockDim.x + threadIdx.x);
         return;
     }
@@ -371,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(512)
         const int r = rr + 4 * k;
         zr[k] = r < n ? z[(size_t)r * zs + h * dv + j] : 0.0f;
     }
-    gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, h * (dv / 32), osm, true);
+    gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, h * (dv / 32), osm, true, n <= HY_EARLY_ROWS);
     __syncthreads();  // the head's o rows, written by the block
 #pragma unroll
     for (int k = 0; k < HY_NMAX / 4; ++k) {

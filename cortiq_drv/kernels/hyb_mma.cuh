@@ -171,6 +171,8 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
 // added), the four lanes of each in order, then warp butterflies, then warps in order: the same
 // sum in every block, row and call.
 // Thread t of block bx writes columns 4q .. 4q + 3, q = 256 bx + t, from the float4 it loaded.
+// PDL: a call of at most HY_EARLY_ROWS rows lets the matvec after it launch before its wait
+// (common.cuh), the rest after it.
 // Running the norm inside the one-row matvec after it instead (each block of an hy_mmvs-like launch
 // taking the row's denominator and making its staged columns from the row; the same bits, 65
 // launches fewer on the 9B) loses: the step 2.0076 / 2.011 -> 2.1512 ms device (H200, session 24
@@ -231,7 +233,7 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
 // 1.9782 / 1.9814).
 extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf, int hidden, float eps, int gemma,
                                        bf16* p0, bf16* p1, bf16* p2, int ps) {
-    pdl_begin();
+    pdl_begin(gridDim.y <= HY_EARLY_ROWS);
     __shared__ float red[8];
     const int r = blockIdx.y, t = threadIdx.x, nq = hidden >> 2, q = blockIdx.x * 256 + t;
     const float4* xr = (const float4*)(x + (size_t)r * hidden);

@@ -14,7 +14,7 @@ from cortiq_drv.hybrid.admit import admit
 from cortiq_drv.hybrid.graphs import run_small
 from cortiq_drv.hybrid.plan import plan_for
 from cortiq_drv.hybrid.state import ARGMAX_BLOCKS
-from test_pdl import EARLY_READERS
+from test_pdl import EARLY_LETGO, EARLY_READERS
 
 
 def _plan(hs, cmf, g, head=True):
@@ -160,6 +160,21 @@ def test_early_reads_skip_the_launch_before(hyb_tiny):
     assert set(back) == set(at)
     assert back[("hy_gdn_front", "xn")] == {2} and back[("hy_gdn_scan4_out32", "z")] == {2}
     assert back[("hy_gdn_out32", "z")] == {3}
+
+
+def test_a_matvec_follows_each_early_letgo(hyb_tiny):
+    """The kernels that may let the next launch go before their wait (test_pdl.EARLY_LETGO) are
+    each followed by a matvec, which reads nothing a kernel writes before its own wait: in every
+    form of a call, with the head, tape or none."""
+    seen = set()
+    for n, tape in ((1, False), (2, True), (launch.FUSED_SCAN_ROWS, True), (launch.FUSED_SCAN_ROWS + 1, False)):
+        _, _, ctx, _ = _direct_call(hyb_tiny, n, tape)
+        names = [l.name for l in ctx.launches]
+        for k, name in enumerate(names):
+            if name in EARLY_LETGO:
+                assert k + 1 < len(names) and names[k + 1] == "hy_mmp", (n, tape, k, names[k:k + 2])
+                seen.add(name)
+    assert seen == set(EARLY_LETGO)
 
 
 def test_longer_calls_scan_and_norm_in_two_launches(hyb_tiny):

@@ -1,8 +1,9 @@
 """Programmatic dependent launches: the kernels the host marks `pdl` are exactly those whose code
-calls pdl_begin() (griddepcontrol.wait, then launch_dependents), the ones that touch no earlier
-kernel's data before it do so ahead of every global access, those that read data of two launches
-back before it only load there, and `Ctx.launch` sends a marked kernel through cuLaunchKernelEx
-only on sm_90 and up with CORTIQ_DRV_PDL on (no device: NVRTC's PTX and fake driver calls)."""
+calls pdl_begin() (griddepcontrol.wait, then launch_dependents; in EARLY_LETGO's few-row calls
+launch_dependents first), the ones that touch no earlier kernel's data before it do so ahead of
+every global access, those that read data of two launches back before it only load there, and
+`Ctx.launch` sends a marked kernel through cuLaunchKernelEx only on sm_90 and up with
+CORTIQ_DRV_PDL on (no device: NVRTC's PTX and fake driver calls)."""
 
 import re
 from types import SimpleNamespace
@@ -26,6 +27,10 @@ _GLOBAL = re.compile(r"\b(ld\.global|st\.global|atom\.|red\.|cp\.async\.c[ag]\.s
 # the launch just before them holds none of it).
 EARLY_READERS = {"hy_gdn_front": ("xn",), "hy_gdn_scan4": ("S",), "hy_gdn_scan4_out32": ("S", "z"),
                  "hy_gdn_out32": ("z",)}
+# The kernels just before a matvec, whose calls of at most HY_EARLY_ROWS rows let the next kernel
+# launch before their wait (kernels/common.cuh; test_hyb_graphkeys checks that a matvec follows
+# each of them).
+EARLY_LETGO = ("hy_rmsnorm2", "hy_gdn_scan4_out32", "hy_finish")
 # What a matvec may not do before it waits: read activations (ld.global.nc, __ldg), write or
 # update global memory; its L1 prefetches are counted apart (the residual's must wait).
 _MATVEC_AFTER = re.compile(r"\b(ld\.global\.nc|st\.global|atom\.|red\.|(?:ld|st)\.(?!shared|param|local|const|global)\w)")
@@ -50,7 +55,9 @@ def test_marked_kernels_are_the_ones_that_wait(entries):
     assert waiting == marked, (sorted(marked - waiting), sorted(waiting - marked))
     for k in marked:
         body = entries[k]
-        assert body.index("griddepcontrol.wait") < body.index("griddepcontrol.launch_dependents"), k
+        wait, let = body.index("griddepcontrol.wait"), "griddepcontrol.launch_dependents"
+        # EARLY_LETGO: one before the wait too (the few-row calls' way)
+        assert (body.index(let) < wait) == (k in EARLY_LETGO) and body.rindex(let) > wait, k
 
 
 def test_wait_comes_before_any_global_access(entries):
