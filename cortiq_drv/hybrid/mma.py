@@ -394,7 +394,9 @@ def split(ctx, fx, p: Planes, x, xstride: int, cols: int, n: int) -> None:
 
 def rmsnorm2(ctx, fx, x, w, xf, hidden: int, eps: float, gemma: bool, p: Planes, n: int) -> None:
     """Rows x [n][hidden] f32 RMS-normalised by w [hidden] (`1 + w` when `gemma`) into the planes
-    and, when `xf` is given, into xf [n][hidden] f32 (`hy_rmsnorm2`: whole groups of 32 columns)."""
+    and, when `xf` is given, into xf [n][hidden] f32 (`hy_rmsnorm2`: whole groups of 32 columns).
+    At n <= HY_EARLY_ROWS (kernels/common.cuh) it lets the next launch go before its own wait, so
+    what follows it on the stream must read no kernel's output before its wait (a matvec does not)."""
     check_planes(p, n, hidden, "rmsnorm2")
     args = kargs("QQQifiQQQi", x, w, xf, hidden, eps, int(gemma), p.p0, p.p1, p.p2, p.stride)
     ctx.launch(fx.rmsnorm2, (-(-hidden // 1024), n), 256, 0, args)
