@@ -358,8 +358,9 @@ extern "C" __global__ void __launch_bounds__(512)
     if (n > HY_NMAX) asm volatile("trap;");
     __shared__ float ored[16];
     __shared__ float osm[HY_NMAX * 128];
+    const bool early = n <= HY_EARLY_ROWS;
     if ((int)blockIdx.x >= nv) {
-        pdl_begin(n <= HY_EARLY_ROWS);
+        pdl_begin(early);
         if (ring) gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nv) * blockDim.x + threadIdx.x);
         return;
     }
@@ -372,7 +373,7 @@ extern "C" __global__ void __launch_bounds__(512)
         const int r = rr + 4 * k;
         zr[k] = r < n ? z[(size_t)r * zs + h * dv + j] : 0.0f;
     }
-    gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, h * (dv / 32), osm, true, n <= HY_EARLY_ROWS);
+    gdn_cols4(cq, gb, S, S, save, o, n, cdim, nv, nk, dv, h * (dv / 32), osm, true, early);
     __syncthreads();  // the head's o rows, written by the block
 #pragma unroll
     for (int k = 0; k < HY_NMAX / 4; ++k) {
