@@ -232,7 +232,11 @@ __device__ __forceinline__ void hy_tl_put(bool end, unsigned long long t0, unsig
 // 1.9754 / 1.9769 (device ratio 0.483 / 0.482 against 0.478 / 0.476), 27b 5.7713 / 5.7754 against
 // 5.8727 / 5.8613; 9b windows of 2 / 3 / 8 rows 2.1429 / 2.6909 / 3.3229 and 2.1423 / 2.6866 /
 // 3.3209 against 2.1425 / 2.6801 / 3.3237 and 2.1432 / 2.6793 / 3.3221, 27b 8-row 10.1844 /
-// 10.1895 against 10.1833 / 10.1823.
+// 10.1895 against 10.1833 / 10.1823. Letting go early in the attention kernels before hy_finish
+// too (hy_qk, hy_scores and hy_values at one and two rows; their successors read nothing a
+// kernel writes before their own wait) loses (session 32 call 1, --windows 2,8, against this
+// tree): 9b step 1.9695 / 1.971 against 1.9578 / 1.9561, 27b 5.8351 / 5.8513 against 5.8001 /
+// 5.7989, 9b 2-row window 2.1591 / 2.1589 against 2.1472 / 2.1452.
 #ifndef HY_EARLY_ROWS
 #define HY_EARLY_ROWS 2
 #endif

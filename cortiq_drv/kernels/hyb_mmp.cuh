@@ -164,6 +164,16 @@ __device__ __forceinline__ void hy_mmr(const HyJob* jobs, int nj, const bf16* p0
 // -v reports them). hy_mmv at KS 8 holds three (80 registers); four (64, its whole-stage loop
 // still without a spill) lose on the H200 (session 17, bench_kernels --models 9B --rows 1: 9B
 // gate/up 20.8 against 28.4 us, q 8.6 against 10.3; bench_decode 9b step 2.23 against 2.42 ms).
+// hy_mmvs at KS 16 capped at 80 registers (__maxnreg__(80): no spill, 40 960 registers a block)
+// lets an hy_mmv_2_8 block (20 480) fit beside it, so the one-row matvec after the norm becomes
+// resident and brings in its first stages while the 9B's down, o and GDN out sets still run. It
+// does not pay (session 32 call 2, not kept; GPU suite 284 passed on that tree): `bench_decode
+// --shapes 9b,27b --source mem --skip-matvec --tokens 32 --windows 2,8 --prompt 64`, device ms,
+// two runs each, 9b step 1.9607 / 1.9563 against 1.9471 / 1.9482. Its timeline (--timeline, us
+// summed over each kernel's 64 launches in the step, against this tree's in call 1): hy_mmv_2_8's
+// blocks enter earlier (lead -100.7 against -52.8) but its body barely moves (829.8 against
+// 835.7), and hy_mmvs_2_16's grows (537.1 against 525.0); `bench_kernels --models 9B --rows 1
+// --no-cublas`, us: down 10.32 against 10.07, o 5.82 against 5.77.
 #ifndef HY_MB_1_8
 #define HY_MB_1_8 2
 #endif
