@@ -31,13 +31,22 @@ __device__ __forceinline__ u32 hy_nib2(u32 v, u32 mask, u32 magic, u32 one, u32 
 }
 
 // The eight A registers of one unit (its two k-steps) from the lane's two nibble words: a[0..3]
-// from w.x (k-step 0), a[4..7] from w.y (k-step 1), register m from the nibbles at bits 4m, 4m + 16.
-// The shifts stay on the ALU pipe: ncu puts hy_mmv_2_8 (9B gate/up, one row) at 37.7% of the ALU
-// pipe, its busiest, with 49.7% of the issue slots busy, so the loop waits on latencies, not on a
-// pipe; moving them to the FMA pipe as IMAD.HI (w * 2^28 >> 32) loses (session 22, bench_kernels
-// --models 9B,27B --rows 1,8, us, base against all six / w.y's three as IMAD.HI: 9B gate/up one
-// row 19.06 / 18.99 against 20.82 / 20.79 and 19.79 / 19.79, 27B gate/up 32.9 / 32.73 against
-// 37.55 / 37.48 and 34.64 / 34.64, 9B down 10.21 / 10.26 against 12.02 / 12.04 and 11.02 / 10.98).
+// from w.x (k-step 0), a[4..7] from w.y (k-step 1), register m from the nibbles at bits 4m, 4m +
+// 16. The shifts stay on the ALU pipe: ncu puts hy_mmv_2_8 (9B gate/up, one row) at 37.7% of the
+// ALU pipe, its busiest, with 49.7% of the issue slots busy, so the loop waits on latencies, not on
+// a pipe (session 22; at the card's own clock, 1.79 GHz, session 32 call 4, `ncu --clock-control
+// none --cache-control none` over `bench_kernels --models 9B --rows 1 --matrices gate_up`: ALU
+// 47.2%, FMA 22.6%, LSU 39.0%, tensor 4.5%, issue slots 63.6% busy with 5.48 warps a scheduler and
+// 1.63 eligible; stalls an issued instruction: wait 1.58, not selected 1.56, long scoreboard 1.50,
+// math pipe throttle 0.88, barrier 0.68, short scoreboard 0.63). Its whole-stage loop is 678 SASS
+// instructions for 16 units (NVRTC 13.0, sm_90; 42.4 a unit: 8 LOP3, 8 HFMA2, 6 SHF, 2 HMMA, 4
+// FFMA, 5.75 LDS, 3 IMAD and 5.5 of the stage's copies, predicates and waits), against ncu's 55.6 a
+// unit over the call: a fifth of its instructions are per item (the sums' reduction, the epilogue,
+// the ladders, the next item's first stages). Moving the shifts to the FMA pipe as IMAD.HI (w *
+// 2^28 >> 32) loses (session 22, bench_kernels --models 9B,27B --rows 1,8, us, base against all six
+// / w.y's three as IMAD.HI: 9B gate/up one row 19.06 / 18.99 against 20.82 / 20.79 and 19.79 /
+// 19.79, 27B gate/up 32.9 / 32.73 against 37.55 / 37.48 and 34.64 / 34.64, 9B down 10.21 / 10.26
+// against 12.02 / 12.04 and 11.02 / 10.98).
 __device__ __forceinline__ void hy_unit_a(uint2 w, u32 mask, u32 magic, u32 one, u32 m136, u32* a) {
     const u32 v[8] = {w.x, w.x >> 4, w.x >> 8, w.x >> 12, w.y, w.y >> 4, w.y >> 8, w.y >> 12};
 #pragma unroll
@@ -51,6 +60,13 @@ __device__ __forceinline__ void hy_unit_a(uint2 w, u32 mask, u32 magic, u32 one,
 // session 23 call 4, `bench_kernels --models 9B,27B --rows 1,8,16`, us, chained against two: 9B
 // gate/up 18.86 / 32.01 / 51.6 against 19.91 / 38.22 / 56.03, 27B gate/up 32.7 / 56.87 / 100.44
 // against 33.83 / 72.13 / 110.7, 9B head 159.7 / 320.2 / 497.9 against 164.6 / 362.2 / 556.7).
+// wgmma.mma_async m64n8k16 (the four warps' A from registers in this fragment layout, B from
+// shared memory, K-major without swizzle: 128 bytes between the k-halves' core matrices) gives
+// the same f32 words as four warps' mma.sync here, chained the same way (H200, session 32 call 4,
+// three seeds: nibbles -8..7 times three planes, and bf16 of exponents within 2^+-20; chains of 2,
+// 8 and 64 k-steps from zero and from random accumulators; 512 of 512 words in each of 24 cases).
+// So an asynchronous warpgroup path could take the place of this one in any variant without
+// changing a row's bits; none is built.
 __device__ __forceinline__ void hy_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
