@@ -552,6 +552,16 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         }
         hy_epilogue<NC, TB, KS>(jobs[oji], otile0, onvt, sm.out, n);
         if (bn >= total) break;
+        // The next item's rung table, and a barrier before any warp reads it. Two tables, the
+        // next item's made in the other one before the reduction's last barrier (which then
+        // publishes it, so no warp waits here for the epilogue's threads), give the same bits
+        // (GPU suite 284 passed on that tree) but lose the one-row calls (H200, session 32 call 6;
+        // `bench_kernels --models 9B,27B --rows 1,2,8 --no-cublas`, us at one row, against this
+        // tree: 9B gate/up 18.36 against 18.05, GDN in 10.85 against 10.35, attention in 9.61
+        // against 9.28, down 9.98 against 10.22; `bench_decode --shapes 9b,27b --source mem
+        // --skip-matvec --tokens 32 --windows 2,8 --prompt 64`, device ms, two runs each: 9b step
+        // 1.9787 / 1.9797 against 1.9562 / 1.9549, 2-row window 2.1866 / 2.1891 against 2.1514 /
+        // 2.1512).
         if (PF) ldb(bb[0], 0, ng > 0);
         lad_store();
         __syncthreads();
