@@ -261,7 +261,16 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     // Fetching them into L1 further ahead as well (prefetch.global.L1 of each lane's 16 bytes, 2
     // or 4 groups on, past one n-tile) loses everywhere (H200, session 23 call 2, `bench_kernels
     // --models 9B,27B --rows 4,8,16`, us, none / 2 / 4 ahead: 9B gate/up at 8 rows 31.9 / 42.8 /
-    // 40.5, 27B down at 8 rows 36.5 / 61.8 / 57.9, 9B head at 16 rows 495 / 526 / 518).
+    // 40.5, 27B down at 8 rows 36.5 / 61.8 / 57.9, 9B head at 16 rows 495 / 526 / 518), and at one
+    // n-tile, where ncu puts 15% of hy_mmv_2_8's stall samples on these loads and the mma waiting
+    // for them (session 32 call 7, `ncu --section SourceCounters`, 9B gate/up, one row: the group's
+    // __ldg 7.2%, long scoreboard at the mma 7.6%), as well (call 8: hy_pf_l1 of group gr + D's
+    // 16 bytes beside group gr + 1's load; `bench_kernels --models 9B,27B --rows 1,2 --no-cublas`,
+    // us at one row, none / D 2 / 4 / 6: 9B gate/up 18.06 / 21.25 / 20.2 / 19.86, GDN in 10.36 /
+    // 11.23 / 11.3 / 11.23, 27B down 19.13 / 28.41 / 26.55 / 25.74; `bench_decode --shapes 9b,27b
+    // --source mem --skip-matvec --tokens 32 --windows 2,8 --prompt 64`, device ms, D 4 against
+    // none: 9b step 2.257 / 2.2565 against 1.9549 / 1.9577, 27b 6.8084 / 6.7043 against 5.8621 /
+    // 5.8033).
     constexpr bool PF = NTC <= 3;
     static_assert(S >= 3, "ring stages: at least three");
     extern __shared__ __align__(16) unsigned char hy_ring[];
