@@ -209,8 +209,9 @@ struct HySmem {
     float lad[TB][32][16];
     __align__(16) float red[KS][TB][128];
     float out[TB][16][8 * NC];
-    // each warp's mbarrier of its staged columns' bulk copies (hy_mmvs, sm_90)
-    unsigned long long mbar[KS];
+    // each warp's mbarriers of its staged columns' bulk copies (hy_mmvs, sm_90): their first
+    // groups, then the rest
+    unsigned long long mbar[2][KS];
 };
 
 // A group's B fragments of each n-tile (k-step 0: b0, b1; k-step 1: b0, b1): this lane's 16
@@ -427,16 +428,39 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     if (SB) {
         // the warp's own groups of the call's columns (only its lanes read them)
 #if __CUDA_ARCH__ >= 900
-        // one bulk copy a column, counted on the warp's own mbarrier: waiting for them does not
-        // wait for the weight stages in flight before them
-        const u32 mb = (u32)__cvta_generic_to_shared(&sm.mbar[w]);
+        // two bulk copies a column, counted on the warp's own mbarriers (so waiting for them does
+        // not wait for the weight stages in flight before them): the groups of the first S stages
+        // and the one after them, waited for here, and the rest, waited for at stage S (sb_wait),
+        // so the first stages run while the rest land. One copy a column, all waited for here,
+        // gave the same bits and a longer ramp (H200, session 32 call 9, against it: `bench_kernels
+        // --models 9B --rows 1 --no-cublas --variants all`, us, hy_mmvs_2_16 on the down 10.01
+        // against 10.18, on o 5.63 against 5.83, hy_mmvs_2_8 on gate/up 18.81 against 20.66, GDN in
+        // 10.49 against 10.92, attention in 10.09 against 10.66; `bench_decode --shapes 9b,27b
+        // --source mem --skip-matvec --tokens 32 --windows 2,8 --prompt 64`, device ms, two runs
+        // each: 9b step 1.958 / 1.9616 against 1.9554 / 1.9583, 27b 5.7861 / 5.7652 against 5.8499
+        // / 5.8107, windows within 0.4% either way). hy_mmv's loads a group ahead still beat it on
+        // the 9B gate/up, GDN in and attention in sets (18.14, 10.25, 9.25 us; those sets forced
+        // onto hy_mmvs_2_8, `--force 1@768x4096=0_2_8s,1@384x4096=0_2_8s,1@320x4096=0_2_8s`: 9b
+        // step 2.0227 / 2.0257).
+        // (mb1: mbar[1][w], KS words on)
+        const u32 mb = (u32)__cvta_generic_to_shared(&sm.mbar[0][w]), mb1 = mb + KS * 8;
+        const int g1 = min(ng, S * GS + 1);
         if (lane == 0) {
             mbar_init(mb, 1);
+            mbar_init(mb1, 1);
             mbar_init_fence();
-            mbar_expect(mb, 3 * n * ng * 64);
-            for (int c = 0; c < 3 * n && ng > 0; ++c)
-                bulk_g2s(bsm + (u32)(c * sbs + g_lo * 64), hy_bcol(p0, p1, p2, xs, n, c) + (size_t)g_lo * 32,
-                         ng * 64, mb);
+        }
+        __syncwarp();
+        if (lane == 0) {
+            mbar_expect(mb, 3 * n * g1 * 64);
+            mbar_expect(mb1, 3 * n * (ng - g1) * 64);
+        }
+        // lane c copies column c (n <= 2: 3 n lanes)
+        if (lane < 3 * n && ng > 0) {
+            const u32 dst = bsm + (u32)(lane * sbs + g_lo * 64);
+            const bf16* src = hy_bcol(p0, p1, p2, xs, n, lane) + (size_t)g_lo * 32;
+            bulk_g2s(dst, src, g1 * 64, mb);
+            if (ng > g1) bulk_g2s(dst + g1 * 64, src + (size_t)g1 * 32, (ng - g1) * 64, mb1);
         }
         __syncwarp();
         mbar_wait(mb, 0);
@@ -514,16 +538,30 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
             }
         };
         const int nwhole = NTC <= WH ? ng / GS : 0;
+        // (SB, sm_90: the staged columns' groups past the first S stages' and the group after
+        // them, at stage S, before any of them is loaded)
+        auto sb_wait = [&](int i) {
+#if __CUDA_ARCH__ >= 900
+            if (SB && i == S) mbar_wait((u32)__cvta_generic_to_shared(&sm.mbar[1][w]), 0);
+#endif
+        };
         // (UNR: whole stages S at a time, each one's slot a constant)
         int i = 0;
         if (UNR) {
             for (; i + S <= nwhole; i += S) {
+                sb_wait(i);
 #pragma unroll
                 for (int k = 0; k < S; ++k) stage(i + k, k, true);
             }
         }
-        for (; i < nwhole; ++i) stage(i, hy_slot<S>(i), true);
-        for (; i < nst; ++i) stage(i, hy_slot<S>(i), false);
+        for (; i < nwhole; ++i) {
+            sb_wait(i);
+            stage(i, hy_slot<S>(i), true);
+        }
+        for (; i < nst; ++i) {
+            sb_wait(i);
+            stage(i, hy_slot<S>(i), false);
+        }
         // this item's outputs; then the next item's first stages and ladders go out before the
         // reduction, so its memory latency hides behind it (every lane past its last stage first:
         // the refill reuses the slots)

@@ -170,14 +170,14 @@ class FakeFunc:
     grid caps are the card's."""
 
     REGS = {"hy_mmp_2_4_8": 255, "hy_mmp_": 128, "hy_mmr_": 80, "hy_mmv_1_8": 80, "hy_mmv_2_8": 80,
-            "hy_mmvs_1_8": 80, "hy_mmvs_2_8": 80, "hy_mmvs_1_16": 92, "hy_mmvs_2_16": 128}
+            "hy_mmvs_1_8": 80, "hy_mmvs_2_8": 80, "hy_mmvs_1_16": 88, "hy_mmvs_2_16": 128}
     # HySmem<NC, TB, KS>: the rung tables, the warps' sums, the outputs, the mbarriers
-    SMEM = {"hy_mmp_1_1_8": 7744, "hy_mmp_1_1_16": 11904, "hy_mmp_1_2_8": 15424, "hy_mmp_1_2_16": 23680,
-            "hy_mmp_2_1_8": 9280, "hy_mmp_2_1_16": 13440, "hy_mmp_2_2_8": 18496, "hy_mmp_2_2_16": 26752,
-            "hy_mmp_2_4_8": 36928,
-            "hy_mmr_2_1_8": 7744, "hy_mmr_2_2_8": 15424, "hy_mmr_3_1_8": 7744, "hy_mmr_3_2_8": 15424,
-            "hy_mmv_1_8": 7744, "hy_mmv_1_16": 11904, "hy_mmv_2_8": 15424, "hy_mmv_2_16": 23680,
-            "hy_mmvs_1_8": 7744, "hy_mmvs_1_16": 11904, "hy_mmvs_2_8": 15424, "hy_mmvs_2_16": 23680}
+    SMEM = {"hy_mmp_1_1_8": 7808, "hy_mmp_1_1_16": 12032, "hy_mmp_1_2_8": 15488, "hy_mmp_1_2_16": 23808,
+            "hy_mmp_2_1_8": 9344, "hy_mmp_2_1_16": 13568, "hy_mmp_2_2_8": 18560, "hy_mmp_2_2_16": 26880,
+            "hy_mmp_2_4_8": 36992,
+            "hy_mmr_2_1_8": 7808, "hy_mmr_2_2_8": 15488, "hy_mmr_3_1_8": 7808, "hy_mmr_3_2_8": 15488,
+            "hy_mmv_1_8": 7808, "hy_mmv_1_16": 12032, "hy_mmv_2_8": 15488, "hy_mmv_2_16": 23808,
+            "hy_mmvs_1_8": 7808, "hy_mmvs_1_16": 12032, "hy_mmvs_2_8": 15488, "hy_mmvs_2_16": 23808}
 
     def __init__(self, name: str):
         self.name = name
