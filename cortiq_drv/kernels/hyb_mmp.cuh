@@ -125,8 +125,9 @@ __device__ __forceinline__ void hy_mmp(const HyJob* jobs, int nj, const bf16* p0
 //   bytes (traps when given less); traps when n > 2. Assumptions as hy_mmp.
 // hy_mmvs_{TB}_{KS}: hy_mmv_{TB}_{KS} with the call's B staged (SB, see hy_mmp_run): each warp
 //   first copies its groups of the 3 n plane columns into shared memory after the rings (sm_90:
-//   one bulk copy a column on the warp's mbarrier, so it does not wait for the weight stages in
-//   flight; sm_80: cp.async), then reads them there rather than from L2 a group ahead (the same
+//   two bulk copies a column on the warp's two mbarriers, the first stages' groups and the rest,
+//   so it waits neither for the weight stages in flight nor for the later groups before its first
+//   stages; sm_80: cp.async), then reads them there rather than from L2 a group ahead (the same
 //   values, so the same bits). For blocks that walk many groups (a long K, or many items a
 //   block), where that latency is not hidden. Launch as hy_mmv with 3 n hy_sb_stride(cols / 32)
 //   more bytes of dynamic shared memory (traps when given less).
