@@ -65,8 +65,14 @@ __device__ __forceinline__ void hy_unit_a(uint2 w, u32 mask, u32 magic, u32 one,
 // the same f32 words as four warps' mma.sync here, chained the same way (H200, session 32 call 4,
 // three seeds: nibbles -8..7 times three planes, and bf16 of exponents within 2^+-20; chains of 2,
 // 8 and 64 k-steps from zero and from random accumulators; 512 of 512 words in each of 24 cases).
-// So an asynchronous warpgroup path could take the place of this one in any variant without
-// changing a row's bits; none is built.
+// So a warpgroup path could take the place of this one in any variant without changing a row's
+// bits. But with A decoded into registers as here it is not asynchronous: ptxas serializes each
+// wgmma behind the decode of the next group's A while the one before is in flight ("C7513:
+// wgmma.mma_async instructions are serialized due to non wgmma instructions defining input
+// registers of a wgmma between start and end of the pipeline stage", NVRTC 13.0, sm_90a, a
+// prototype of hy_mmv_2_8's work as two warpgroups of four tiles, session 32; not built); waiting
+// for each group's wgmma before the next decode compiles without it, and A through shared memory
+// (the decoded bf16, four times the weight bytes, stored and read back) would avoid it.
 __device__ __forceinline__ void hy_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
