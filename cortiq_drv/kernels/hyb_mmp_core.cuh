@@ -431,6 +431,8 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
     lad_store();
     pdl_begin();
     pf_res();
+    // (SB, sm_90) the shared address of the warp's mbarrier of its staged columns' copy p
+    auto sb_mbar = [&](int p) { return (u32)__cvta_generic_to_shared(&sm.mbar[p][w]); };
     if (SB) {
         // the warp's own groups of the call's columns (only its lanes read them)
 #if __CUDA_ARCH__ >= 900
@@ -448,19 +450,16 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         // the 9B gate/up, GDN in and attention in sets (18.14, 10.25, 9.25 us; those sets forced
         // onto hy_mmvs_2_8, `--force 1@768x4096=0_2_8s,1@384x4096=0_2_8s,1@320x4096=0_2_8s`: 9b
         // step 2.0227 / 2.0257).
-        // (mb1: mbar[1][w], KS words on)
-        const u32 mb = (u32)__cvta_generic_to_shared(&sm.mbar[0][w]), mb1 = mb + KS * 8;
+        const u32 mb = sb_mbar(0), mb1 = sb_mbar(1);
         const int g1 = min(ng, S * GS + 1);
         if (lane == 0) {
             mbar_init(mb, 1);
             mbar_init(mb1, 1);
             mbar_init_fence();
-        }
-        __syncwarp();
-        if (lane == 0) {
             mbar_expect(mb, 3 * n * g1 * 64);
             mbar_expect(mb1, 3 * n * (ng - g1) * 64);
         }
+        __syncwarp();
         // lane c copies column c (n <= 2: 3 n lanes)
         if (lane < 3 * n && ng > 0) {
             const u32 dst = bsm + (u32)(lane * sbs + g_lo * 64);
@@ -548,7 +547,7 @@ __device__ __forceinline__ void hy_mmp_run(const HyJob* jobs, int nj, const bf16
         // them, at stage S, before any of them is loaded)
         auto sb_wait = [&](int i) {
 #if __CUDA_ARCH__ >= 900
-            if (SB && i == S) mbar_wait((u32)__cvta_generic_to_shared(&sm.mbar[1][w]), 0);
+            if (SB && i == S) mbar_wait(sb_mbar(1), 0);
 #endif
         };
         // (UNR: whole stages S at a time, each one's slot a constant)
