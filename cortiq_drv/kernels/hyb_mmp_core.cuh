@@ -73,6 +73,19 @@ __device__ __forceinline__ void hy_unit_a(uint2 w, u32 mask, u32 magic, u32 one,
 // prototype of hy_mmv_2_8's work as two warpgroups of four tiles, session 32; not built); waiting
 // for each group's wgmma before the next decode compiles without it, and A through shared memory
 // (the decoded bf16, four times the weight bytes, stored and read back) would avoid it.
+// A warpgroup matvec for the windows loses too (session 33, not kept): hy_mmw, one warpgroup a
+// block, four tiles an item, warp q walking tile q's groups in order with the KS 8 ranges' sums
+// added in registers in hy_mmp_run's order, each group two wgmma m64n24k16 (A decoded as here, B
+// the call's 24 columns in natural column order, cp.async'd a stage at a time into a K-major core-
+// matrix layout, LBO 384 / SBO 128), its sums scaled after wait 0. Its y equals hy_mmp_1_2_8's
+// byte for byte at 1, 3 and 8 rows on the 9B gate/up, GDN in and attention in shapes and the 27B
+// gate/up (H200, call 4). But ptxas (NVRTC 13.0) still puts each group's wait right after its
+// wgmma, ahead of the next decode, even with the previous A kept live in other registers; and
+// every block streaming the whole B from L2 in step with the others costs most: 9B gate/up, us
+// at 1 / 4 / 8 rows against the rule's 17.59 / 24.56 / 31.9: 138.37 / 105.14 / 86.98; B through
+// L1 (cp.async.ca) 54.03 / 54.22 / 53.83; no B copies 31.37 / 31.55 / 31.6; no wgmma 134.64 /
+// 103.2 / 84.02; neither 25.98 / 26.04 / 26.12 (call 5). So even with B free it only ties at 8
+// rows.
 __device__ __forceinline__ void hy_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
