@@ -177,7 +177,13 @@ def four_tiles(nt: int, tb: int, ks: int, n: int) -> bool:
     106.72 / 107.03 (its 80 items of 544 groups at TB 4 leave SMs idle: the one loss, at five
     n-tiles). At four n-tiles (9, 10 rows) TB 4 loses on every set: at 10 rows 9B gate/up 50.3
     against 41.28, 9B head 476.1 against 399.5, 27B gate/up 98.03 against 79.96, 27B o 23.73
-    against 19.3."""
+    against 19.3. At three (8 rows) it loses by more, whole stages or not (H200, session 33 call
+    7, `bench_decode --shapes 9b|27b --source mem --skip-matvec --tokens 16 --windows 8 --prompt
+    64`, device ms of the 8-row window, two runs each, rules 3.3312 / 3.3249 (9b) and 10.1487 /
+    10.1535 (27b)): the gate/up and head sets forced onto hy_mmp_2_4_8 with its stages whole at
+    up to three n-tiles (hy_mmp's WH for NT 2 too) 3.8681 / 3.8573 and 12.4908 / 12.4925, as the
+    tree runs it 3.893 (9b); the GDN in and attention in sets (and the 27B down, o and GDN out) as
+    well 4.1904 / 4.1899 and 14.9599 / 14.9614."""
     return nt == 2 and tb == 2 and ks == 8 and n >= FOUR_TILES_ROWS
 
 
