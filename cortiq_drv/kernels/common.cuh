@@ -240,6 +240,9 @@ __device__ __forceinline__ void hy_tl_put(bool end, unsigned long long t0, unsig
 #ifndef HY_EARLY_ROWS
 #define HY_EARLY_ROWS 2
 #endif
+// Whether a call of n rows of a kernel just before a matvec lets the matvec launch before its
+// wait (pdl_begin(true)).
+__device__ __forceinline__ bool pdl_early(int n) { return n <= HY_EARLY_ROWS; }
 
 __device__ __forceinline__ void pdl_begin(bool early = false) {
 #ifdef HY_TIMELINE

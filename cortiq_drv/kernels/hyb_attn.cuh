@@ -318,7 +318,7 @@ extern "C" __global__ void hy_finish(const float* P, const float* E, const float
                                      int ps, int n0, int rb, int nh, int nbcap, const int* ci) {
     int far = 0, ncap = 0;
     att_record(ci, n0, rb, ncap, nbcap, far);
-    pdl_begin(gridDim.y <= HY_EARLY_ROWS);
+    pdl_begin(pdl_early(gridDim.y));
     const int r = blockIdx.y, h = blockIdx.x;
     const int nb = (n0 + r + 1 + rb - 1) / rb;
     const float* er = E + (size_t)r * nbcap * nh + h;

@@ -358,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(512)
     if (n > HY_NMAX) asm volatile("trap;");
     __shared__ float ored[16];
     __shared__ float osm[HY_NMAX * 128];
-    const bool early = n <= HY_EARLY_ROWS;
+    const bool early = pdl_early(n);
     if ((int)blockIdx.x >= nv) {
         pdl_begin(early);
         if (ring) gdn_ring_move(ring, ring, qkv, qs, n, cdim, kk, (blockIdx.x - nv) * blockDim.x + threadIdx.x);

@@ -233,7 +233,7 @@ extern "C" __global__ void hy_split(const float* x, int xs, int cols, bf16* p0, 
 // 1.9782 / 1.9814).
 extern "C" __global__ void hy_rmsnorm2(const float* x, const float* w, float* xf, int hidden, float eps, int gemma,
                                        bf16* p0, bf16* p1, bf16* p2, int ps) {
-    pdl_begin(gridDim.y <= HY_EARLY_ROWS);
+    pdl_begin(pdl_early(gridDim.y));
     __shared__ float red[8];
     const int r = blockIdx.y, t = threadIdx.x, nq = hidden >> 2, q = blockIdx.x * 256 + t;
     const float4* xr = (const float4*)(x + (size_t)r * hidden);
